@@ -1,0 +1,41 @@
+# AppBridge: the two set-up commands are `make run` and `make test` (INTERFACES.md §1).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: install install-test run test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+
+install-test: $(TEST_STAMP)
+	bash deploy/install-test-peers.sh
+
+run: install
+	$(BIN)/appbridge serve $(if $(CONFIG),--config $(CONFIG),)
+
+lint: install-test
+	$(BIN)/ruff check appbridge tests bench
+	$(BIN)/mypy
+
+test: install-test lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(BIN)/python -m bench.load $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
