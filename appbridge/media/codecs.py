@@ -1,0 +1,219 @@
+"""Audio formats and streaming conversion between them.
+
+Why this module exists: every call has two audio formats, the carrier's (G.711 µ-law at 8 kHz on
+Twilio, reference/twilio.md, and on most SIP trunks) and the app's (seed 004, "Session start"
+and "Audio": `pcm16` at 8, 16 or 24 kHz, or `pcmu` at 8 kHz). Prompts fetched by `play` arrive
+at any rate (seed 004, "play": "WAV files (PCM or μ-law, any rate) are converted to the call's
+format"). Conversion runs once per 20 ms frame for every live call, in both directions, so it
+uses audioop's C loops only (no numpy, no per-sample Python) and keeps the resampler state
+between calls: a stream cut into arbitrary pieces converts to exactly the bytes of the whole.
+
+Codecs: `pcm16` is signed 16-bit little-endian linear PCM, `pcmu` is G.711 µ-law and `pcma` is
+G.711 A-law (ITU-T G.711; RFC 3551 section 4.5.14 for their use as RTP payloads 0 and 8). All
+audio is mono.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Final
+
+with warnings.catch_warnings():
+    # audioop is deprecated in 3.11/3.12 and removed in 3.13, where the `audioop-lts` package
+    # provides the same module name; the warning is noise either way.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+__all__ = [
+    "CODECS",
+    "PCM16_8K",
+    "PCM16_16K",
+    "PCM16_24K",
+    "PCMA_8K",
+    "PCMU_8K",
+    "AudioFormat",
+    "Converter",
+    "alaw_to_pcm16",
+    "pcm16_to_alaw",
+    "pcm16_to_ulaw",
+    "ulaw_to_pcm16",
+]
+
+_PCM16: Final = "pcm16"
+_PCMU: Final = "pcmu"
+_PCMA: Final = "pcma"
+
+#: Bytes per sample of each supported codec. Adding a codec means adding it here, to
+#: `_SILENCE_BYTE`, and to the decode/encode steps of `Converter`.
+_BYTES_PER_SAMPLE: Final[dict[str, int]] = {_PCM16: 2, _PCMU: 1, _PCMA: 1}
+
+#: The byte value of digital silence: 0 for linear PCM, 0xFF for µ-law (+0, G.711 table 2a)
+#: and 0xD5 for A-law (+0 with the even-bit inversion of G.711 table 1a).
+_SILENCE_BYTE: Final[dict[str, int]] = {_PCM16: 0x00, _PCMU: 0xFF, _PCMA: 0xD5}
+
+CODECS: Final[frozenset[str]] = frozenset(_BYTES_PER_SAMPLE)
+
+#: Highest sample rate accepted. WAV files at 384 kHz exist; nothing above is plausible audio.
+_MAX_RATE_HZ: Final = 384_000
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """A mono audio format: a codec name and a sample rate.
+
+    Frame sizes round down to whole samples (at 22050 Hz a 20 ms frame is 441 samples; at
+    11025 Hz it is 220 samples, 19.95 ms), which never matters for the 8/16/24 kHz formats that
+    calls use.
+    """
+
+    codec: str
+    rate_hz: int
+
+    def __post_init__(self) -> None:
+        if self.codec not in _BYTES_PER_SAMPLE:
+            known = ", ".join(sorted(_BYTES_PER_SAMPLE))
+            raise ValueError(f"unknown codec {self.codec!r} (known: {known})")
+        if not 0 < self.rate_hz <= _MAX_RATE_HZ:
+            raise ValueError(f"sample rate {self.rate_hz} Hz is out of range")
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return _BYTES_PER_SAMPLE[self.codec]
+
+    @property
+    def silence_byte(self) -> int:
+        return _SILENCE_BYTE[self.codec]
+
+    def samples_for_ms(self, ms: int) -> int:
+        return self.rate_hz * ms // 1000
+
+    def frame_bytes(self, frame_ms: int = 20) -> int:
+        """Bytes in one frame of `frame_ms` (20 ms is the packet time of seed 004 and RFC 3551)."""
+        return self.samples_for_ms(frame_ms) * self.bytes_per_sample
+
+    def silence(self, ms: int) -> bytes:
+        """`ms` of digital silence in this format (what the caller hears after `clear`)."""
+        return bytes((self.silence_byte,)) * self.frame_bytes(ms)
+
+    def ms_for_bytes(self, n_bytes: int) -> int:
+        """Whole milliseconds of audio in `n_bytes` of this format, rounded down."""
+        return n_bytes // self.bytes_per_sample * 1000 // self.rate_hz
+
+    def __str__(self) -> str:
+        return f"{self.codec}/{self.rate_hz}"
+
+
+PCMU_8K: Final = AudioFormat(_PCMU, 8000)
+PCMA_8K: Final = AudioFormat(_PCMA, 8000)
+PCM16_8K: Final = AudioFormat(_PCM16, 8000)
+PCM16_16K: Final = AudioFormat(_PCM16, 16000)
+PCM16_24K: Final = AudioFormat(_PCM16, 24000)
+
+
+def _require_whole_samples(pcm16: bytes) -> None:
+    if len(pcm16) & 1:
+        raise ValueError(f"pcm16 audio must have an even length, got {len(pcm16)} bytes")
+
+
+def ulaw_to_pcm16(data: bytes) -> bytes:
+    """Decodes G.711 µ-law to signed 16-bit little-endian PCM (twice as many bytes)."""
+    return audioop.ulaw2lin(data, 2)
+
+
+def pcm16_to_ulaw(pcm16: bytes) -> bytes:
+    """Encodes signed 16-bit little-endian PCM to G.711 µ-law; raises ValueError on odd lengths."""
+    _require_whole_samples(pcm16)
+    return audioop.lin2ulaw(pcm16, 2)
+
+
+def alaw_to_pcm16(data: bytes) -> bytes:
+    """Decodes G.711 A-law to signed 16-bit little-endian PCM."""
+    return audioop.alaw2lin(data, 2)
+
+
+def pcm16_to_alaw(pcm16: bytes) -> bytes:
+    """Encodes signed 16-bit little-endian PCM to G.711 A-law; raises ValueError on odd lengths."""
+    _require_whole_samples(pcm16)
+    return audioop.lin2alaw(pcm16, 2)
+
+
+class Converter:
+    """A stateful, streaming converter from one `AudioFormat` to another.
+
+    The pipeline is decode to pcm16, resample with `audioop.ratecv` (linear interpolation; its
+    state is kept between calls, so a stream converts the same whatever its chunking), encode.
+    A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
+    chunk, so apps may send binary frames of any length (seed 004, "Audio": "frames of any
+    length").
+
+    One converter serves one stream: do not share it between directions or calls.
+    """
+
+    __slots__ = (
+        "_carry",
+        "_decode",
+        "_dst",
+        "_encode",
+        "_identity",
+        "_resample",
+        "_src",
+        "_src_is_pcm16",
+        "_state",
+    )
+
+    def __init__(self, src: AudioFormat, dst: AudioFormat) -> None:
+        self._src = src
+        self._dst = dst
+        self._identity = src == dst
+        self._src_is_pcm16 = src.codec == _PCM16
+        self._resample = src.rate_hz != dst.rate_hz
+        self._decode = {_PCMU: audioop.ulaw2lin, _PCMA: audioop.alaw2lin}.get(src.codec)
+        self._encode = {_PCMU: audioop.lin2ulaw, _PCMA: audioop.lin2alaw}.get(dst.codec)
+        self._carry = b""
+        self._state: Any = None
+
+    @property
+    def src(self) -> AudioFormat:
+        return self._src
+
+    @property
+    def dst(self) -> AudioFormat:
+        return self._dst
+
+    @property
+    def is_identity(self) -> bool:
+        return self._identity
+
+    @property
+    def pending_bytes(self) -> int:
+        """Source bytes held back (an odd trailing byte of pcm16) until the next chunk."""
+        return len(self._carry)
+
+    def reset(self) -> None:
+        """Forgets the resampler history and any held-back byte (e.g. after `clear`)."""
+        self._carry = b""
+        self._state = None
+
+    def convert(self, data: bytes) -> bytes:
+        """Converts the next chunk of the stream; the identity conversion returns `data` itself."""
+        if self._identity:
+            return data
+        if self._src_is_pcm16:
+            if self._carry:
+                data = self._carry + data
+                self._carry = b""
+            if len(data) & 1:
+                self._carry = data[-1:]
+                data = data[:-1]
+            pcm = data
+        else:
+            assert self._decode is not None
+            pcm = self._decode(data, 2)
+        if self._resample:
+            pcm, self._state = audioop.ratecv(
+                pcm, 2, 1, self._src.rate_hz, self._dst.rate_hz, self._state
+            )
+        if self._encode is None:
+            return pcm
+        return self._encode(pcm, 2)
