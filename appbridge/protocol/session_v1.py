@@ -1,0 +1,579 @@
+"""The ``fonoster.session.v1`` wire codec (seed 004, "Session protocol reference").
+
+Theory of operation
+-------------------
+Every text frame on an app link holds one JSON object with a ``type``. Each message type is a
+:class:`msgspec.Struct` tagged by that ``type``; the commands an app sends form one tagged union
+(:data:`Command`) and the events the gateway sends form another (:data:`Event`). msgspec decodes
+and validates a frame against the whole union in one pass, which is what the app link's hot path
+needs.
+
+:func:`decode_command` never raises. It answers with a command, :class:`Ignored` for a
+well-formed message whose ``type`` this version does not know (seed 004, "Frames": the protocol
+only ever adds types, so an app built for a later version must keep working), or
+:class:`BadMessage` carrying the text and the ``relatesTo`` of the ``error`` ``bad_message`` the
+gateway answers with (INTERFACES.md §6: the command's ``id`` when it carried one, else its
+``type``). Only when the one-pass decode fails does it parse the frame a second time, generically,
+to tell those cases apart.
+
+Unknown fields are ignored (``forbid_unknown_fields=False``), optional fields that are absent are
+left out on the wire (``omit_defaults=True``), and ``session.start`` always carries every field,
+``handoff: null`` included. Sans-I/O: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal, TypeAlias, get_args
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+__all__ = [
+    "COMMAND_TYPES",
+    "DTMF_PAUSE_MS",
+    "END_REASONS",
+    "ERROR_CODES",
+    "ERROR_CODE_MEANINGS",
+    "EVENT_TYPES",
+    "MAX_BINARY_FRAME_BYTES",
+    "MAX_HANDOFF_PAYLOAD_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_TEXT_FRAME_BYTES",
+    "OPT_IN_EVENTS",
+    "PROTOCOL",
+    "AudioFormat",
+    "BadMessage",
+    "Clear",
+    "Codec",
+    "Command",
+    "Direction",
+    "DtmfEvent",
+    "DtmfSend",
+    "EndReason",
+    "ErrorCode",
+    "ErrorEvent",
+    "Event",
+    "Handoff",
+    "Hangup",
+    "Hold",
+    "Ignored",
+    "ListenUpdate",
+    "MarkCommand",
+    "MarkEvent",
+    "OutputDone",
+    "OutputInterrupted",
+    "OutputStarted",
+    "Play",
+    "RateHz",
+    "Resume",
+    "SessionEnd",
+    "SessionStart",
+    "Speak",
+    "SpeechDefaults",
+    "Subscribe",
+    "Track",
+    "TranscriptPartial",
+    "Transfer",
+    "TransferComplete",
+    "TurnBackchannel",
+    "TurnEnded",
+    "TurnEstimate",
+    "TurnLikelyEnded",
+    "TurnResumed",
+    "TurnUserStarted",
+    "decode_command",
+    "decode_event",
+    "encode_command",
+    "encode_event",
+    "error_event",
+]
+
+PROTOCOL: Final = "fonoster.session.v1"
+
+MAX_ID_CHARS: Final = 128
+"""Seed 004, "Frames": commands may carry an ``id``, any string up to 128 characters."""
+
+MAX_TEXT_FRAME_BYTES: Final = 65536
+"""Largest JSON text frame accepted from an app (64 KiB, as seed 000's transport rules)."""
+
+MAX_BINARY_FRAME_BYTES: Final = 1 << 20
+"""Largest binary audio frame accepted from an app (1 MiB, about 33 s of pcm16 at 16 kHz)."""
+
+MAX_HANDOFF_PAYLOAD_BYTES: Final = 16384
+"""Seed 004, "Call control": a ``handoff`` payload is JSON of at most 16 KB (read as KiB),
+measured as its compact JSON encoding."""
+
+DTMF_PAUSE_MS: Final = 500
+"""A ``,`` in ``dtmf.send`` digits is a pause of this length (the usual dialler convention)."""
+
+Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+# ``(?!\n)$``: Python's ``$`` also matches before a final newline, ECMA-262's does not; the
+# lookahead makes the code (Python ``re``) and JSON Schema validators agree on "end of string".
+DtmfDigits = Annotated[str, Meta(pattern=r"^[0-9*#A-D,]+(?!\n)$")]
+DtmfDigit = Annotated[str, Meta(pattern=r"^[0-9*#A-D](?!\n)$")]
+Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
+NonNegativeMs = Annotated[int, Meta(ge=0)]
+
+Codec: TypeAlias = Literal["pcm16", "pcmu"]
+RateHz: TypeAlias = Literal[8000, 16000, 24000]
+Direction: TypeAlias = Literal["inbound", "outbound"]
+
+EndReason: TypeAlias = Literal[
+    "caller_hangup", "app_hangup", "transfer", "handoff", "error", "timeout"
+]
+END_REASONS: Final[frozenset[str]] = frozenset(get_args(EndReason))
+
+ErrorCode: TypeAlias = Literal[
+    "bad_message",
+    "read_only",
+    "provider_unavailable",
+    "provider_timeout",
+    "invalid_catalog_id",
+    "feature_not_supported",
+    "transfer_failed",
+    "on_hold",
+    "queue_full",
+    "play_fetch_failed",
+    "internal",
+]
+ERROR_CODE_MEANINGS: Final[dict[str, str]] = {
+    "bad_message": "Unparseable JSON, a missing required field, or a limit exceeded",
+    "read_only": "A listen-only socket sent a command",
+    "provider_unavailable": "The speech or language provider failed",
+    "provider_timeout": "The provider did not answer in time",
+    "invalid_catalog_id": "A voice or language id is not in the catalog",
+    "feature_not_supported": "The provider cannot do what was asked",
+    "transfer_failed": "The transfer target could not be reached",
+    "on_hold": "The command is not allowed while the caller is on hold",
+    "queue_full": "More than 120 s of output is queued",
+    "play_fetch_failed": "The media could not be fetched",
+    "internal": "Anything else",
+}
+ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
+
+OPT_IN_EVENTS: Final[frozenset[str]] = frozenset({"turn.estimate", "transcript.partial"})
+"""Seed 004, "subscribe": the events an app receives only after subscribing to them."""
+
+
+# --------------------------------------------------------------------------------------------
+# Commands, app -> gateway
+
+
+class _Command(Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Base of every command: tagged by ``type``, unknown fields ignored."""
+
+
+class Speak(_Command, tag="speak", kw_only=True):
+    """Text to speak; ``last: false`` pieces with one ``id`` stream into one utterance."""
+
+    text: str
+    id: Id | None = None
+    last: bool = True
+    voice: str | None = None
+    language: str | None = None
+    interruptible: bool = True
+    preempt: bool = False
+
+
+class Play(_Command, tag="play", kw_only=True):
+    """A WAV file fetched from ``url`` and played into the output queue."""
+
+    url: str
+    id: Id | None = None
+    loop: bool = False
+    interruptible: bool = True
+    preempt: bool = False
+
+
+class MarkCommand(_Command, tag="mark", kw_only=True):
+    """A position in the output queue, answered by a ``mark`` event."""
+
+    name: str
+    id: Id | None = None
+
+
+class Clear(_Command, tag="clear", kw_only=True):
+    """Empties the output queue; the caller hears silence within 40 ms."""
+
+    id: Id | None = None
+
+
+class Subscribe(_Command, tag="subscribe", kw_only=True):
+    """Turns on opt-in events. Unknown names are kept (a later version may add events)."""
+
+    events: list[str]
+    id: Id | None = None
+
+
+class ListenUpdate(_Command, tag="listen.update", kw_only=True):
+    """Changes recognition (language, hints, turn patience) from now on."""
+
+    language: str | None = None
+    hints: list[str] | None = None
+    patience: Literal["low", "normal", "high"] | None = None
+    id: Id | None = None
+
+
+class Hangup(_Command, tag="hangup", kw_only=True):
+    """Ends the call; the session ends with ``app_hangup``."""
+
+    id: Id | None = None
+
+
+class DtmfSend(_Command, tag="dtmf.send", kw_only=True):
+    """Keypresses to send on the call: 0-9, ``*``, ``#``, A-D, and ``,`` for a pause."""
+
+    digits: DtmfDigits
+    id: Id | None = None
+
+
+class Transfer(_Command, tag="transfer", kw_only=True):
+    """Hands the caller to another party: ``cold``, ``warm`` or SIP ``refer``."""
+
+    to: str
+    mode: Literal["cold", "warm", "refer"] = "cold"
+    headers: dict[str, str] | None = None
+    music: str | None = None
+    id: Id | None = None
+
+
+class TransferComplete(_Command, tag="transfer.complete", kw_only=True):
+    """Leaves a warm transfer; ``id`` names the ``transfer`` command it completes."""
+
+    id: Id
+
+
+class Hold(_Command, tag="hold", kw_only=True):
+    """Puts the caller on hold with looped ``music`` or silence."""
+
+    music: str | None = None
+    id: Id | None = None
+
+
+class Resume(_Command, tag="resume", kw_only=True):
+    """Takes the caller off hold."""
+
+    id: Id | None = None
+
+
+class Handoff(_Command, tag="handoff", kw_only=True):
+    """Hands the call to another app, which gets ``payload`` in its ``session.start``."""
+
+    app: str
+    payload: Any = None
+    id: Id | None = None
+
+
+Command: TypeAlias = (
+    Speak
+    | Play
+    | MarkCommand
+    | Clear
+    | Subscribe
+    | ListenUpdate
+    | Hangup
+    | DtmfSend
+    | Transfer
+    | TransferComplete
+    | Hold
+    | Resume
+    | Handoff
+)
+COMMAND_TYPES: Final[dict[str, type[Struct]]] = {
+    cls.__struct_config__.tag: cls for cls in get_args(Command)
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Events, gateway -> app
+
+
+class _Event(Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Base of every event: tagged by ``type``, absent optional fields left out."""
+
+
+class AudioFormat(Struct, kw_only=True):
+    """The session's audio format (seed 004, "Connecting": pcm16 at 8/16/24 kHz, or pcmu)."""
+
+    codec: Codec
+    rate: RateHz
+
+
+class Track(Struct, kw_only=True):
+    """A track; its ``id`` is the first byte of every binary frame the gateway sends."""
+
+    id: Annotated[int, Meta(ge=0, le=255)]
+    side: Direction
+    kind: Literal["audio"] = "audio"
+    codec: Codec
+
+
+class SpeechDefaults(Struct, kw_only=True):
+    """The app's default voice and language, as catalog ids."""
+
+    voice: str
+    language: str
+
+
+class SessionStart(_Event, tag="session.start", kw_only=True, omit_defaults=False):
+    """Always the first message; every field is present, ``handoff`` is ``null`` when none."""
+
+    protocol: Literal["fonoster.session.v1"] = PROTOCOL
+    session_ref: str = field(name="sessionRef")
+    call_ref: str = field(name="callRef")
+    app_ref: str = field(name="appRef")
+    direction: Direction
+    from_: str = field(name="from")
+    to: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    handoff: Any = None
+    audio: AudioFormat
+    tracks: list[Track]
+    speech: SpeechDefaults
+
+
+class SessionEnd(_Event, tag="session.end", kw_only=True):
+    """The last message; the gateway then closes the socket."""
+
+    reason: EndReason
+    id: Id | None = None
+
+
+class OutputStarted(_Event, tag="output.started", kw_only=True):
+    """The output item began to be heard."""
+
+    id: Id
+
+
+class OutputDone(_Event, tag="output.done", kw_only=True):
+    """The output item was heard completely."""
+
+    id: Id
+    heard_ms: NonNegativeMs = field(name="heardMs")
+
+
+class OutputInterrupted(_Event, tag="output.interrupted", kw_only=True):
+    """The output item was cut off; ``heardText`` holds only the words already spoken."""
+
+    id: Id
+    heard_text: str = field(name="heardText")
+    heard_ms: NonNegativeMs = field(name="heardMs")
+
+
+class MarkEvent(_Event, tag="mark", kw_only=True):
+    """A mark was reached (``cleared: false``) or dropped by ``clear`` (``cleared: true``)."""
+
+    name: str
+    cleared: bool
+    id: Id | None = None
+
+
+class DtmfEvent(_Event, tag="dtmf", kw_only=True):
+    """A keypress of the caller."""
+
+    digit: DtmfDigit
+
+
+class ErrorEvent(_Event, tag="error", kw_only=True):
+    """A problem; ``relatesTo`` names the command that caused it (``null`` when none did)."""
+
+    code: ErrorCode
+    message: str
+    fatal: bool
+    relates_to: str | None = field(name="relatesTo")
+
+
+class TurnUserStarted(_Event, tag="turn.user_started", kw_only=True):
+    """The caller started talking."""
+
+
+class TurnLikelyEnded(_Event, tag="turn.likely_ended", kw_only=True):
+    """The caller probably finished; a good moment to prepare a reply."""
+
+    text: str
+
+
+class TurnResumed(_Event, tag="turn.resumed", kw_only=True):
+    """The caller kept talking after ``turn.likely_ended``."""
+
+
+class TurnEnded(_Event, tag="turn.ended", kw_only=True):
+    """The turn is over; ``abandoned`` means 10 s passed with no speech."""
+
+    text: str
+    language: str
+    confidence: Unit
+    duration_ms: NonNegativeMs = field(name="durationMs")
+    abandoned: bool
+
+
+class TurnBackchannel(_Event, tag="turn.backchannel", kw_only=True):
+    """A short acknowledgment ("uh-huh") that is not a turn."""
+
+    text: str
+
+
+class TurnEstimate(_Event, tag="turn.estimate", kw_only=True):
+    """Opt-in: the detector's end-of-thought estimate, at most every 100 ms."""
+
+    eot: Unit
+    speaking: bool
+    kind: str
+
+
+class TranscriptPartial(_Event, tag="transcript.partial", kw_only=True):
+    """Opt-in: an interim transcript."""
+
+    text: str
+    language: str
+
+
+Event: TypeAlias = (
+    SessionStart
+    | SessionEnd
+    | OutputStarted
+    | OutputDone
+    | OutputInterrupted
+    | MarkEvent
+    | DtmfEvent
+    | ErrorEvent
+    | TurnUserStarted
+    | TurnLikelyEnded
+    | TurnResumed
+    | TurnEnded
+    | TurnBackchannel
+    | TurnEstimate
+    | TranscriptPartial
+)
+EVENT_TYPES: Final[dict[str, type[Struct]]] = {
+    cls.__struct_config__.tag: cls for cls in get_args(Event)
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Decode results that are not messages
+
+
+class Ignored(Struct, frozen=True):
+    """A well-formed message of a type this version does not know; the gateway drops it."""
+
+    type: str
+
+
+class BadMessage(Struct, frozen=True):
+    """A frame the gateway answers with ``error`` ``bad_message``.
+
+    ``relates_to`` is the ``relatesTo`` of that error (INTERFACES.md §6): the command's ``id``
+    when it carried a valid one, else its ``type``, else ``"unknown"``.
+    """
+
+    message: str
+    relates_to: str
+
+
+# --------------------------------------------------------------------------------------------
+# Codec
+
+_command_decoder: Final = msgspec.json.Decoder(Command)
+_event_decoder: Final = msgspec.json.Decoder(Event)
+_any_decoder: Final = msgspec.json.Decoder()
+_encoder: Final = msgspec.json.Encoder()
+
+_UNKNOWN: Final = "unknown"
+
+
+def _frame_too_large(frame: bytes | str) -> bool:
+    """Measures a frame in UTF-8 bytes without encoding it unless it is near the limit."""
+    if isinstance(frame, str):
+        if len(frame) > MAX_TEXT_FRAME_BYTES:
+            return True
+        if len(frame) * 4 <= MAX_TEXT_FRAME_BYTES:
+            return False
+        return len(frame.encode("utf-8", "surrogatepass")) > MAX_TEXT_FRAME_BYTES
+    return len(frame) > MAX_TEXT_FRAME_BYTES
+
+
+def _relates_to(obj: dict[str, Any], fallback: str) -> str:
+    """INTERFACES.md §6: the command's ``id`` when it carried a valid one, else ``fallback``.
+
+    An id over 128 characters broke the limit, so it is not echoed: the gateway never sends
+    back unbounded text it refused.
+    """
+    msg_id = obj.get("id")
+    if isinstance(msg_id, str) and len(msg_id) <= MAX_ID_CHARS:
+        return msg_id
+    return fallback
+
+
+def _classify_failure(
+    frame: bytes | str, error: msgspec.MsgspecError, known: dict[str, type[Struct]]
+) -> Ignored | BadMessage:
+    """The slow path, taken only when the one-pass decode failed."""
+    if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
+        return BadMessage(f"not valid JSON: {error}", _UNKNOWN)
+    try:
+        obj = _any_decoder.decode(frame)
+    except msgspec.MsgspecError as exc:
+        # The typed pass stops at the first invalid value, before any later syntax error.
+        return BadMessage(f"not valid JSON: {exc}", _UNKNOWN)
+    if not isinstance(obj, dict):
+        return BadMessage(f"expected a JSON object, got {type(obj).__name__}", _UNKNOWN)
+    msg_type = obj.get("type")
+    if not isinstance(msg_type, str):
+        what = "missing" if msg_type is None and "type" not in obj else "not a string"
+        return BadMessage(f"`type` is {what}", _relates_to(obj, _UNKNOWN))
+    if msg_type not in known:
+        return Ignored(msg_type)
+    return BadMessage(f"{msg_type}: {error}", _relates_to(obj, msg_type))
+
+
+def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
+    """Decodes one text frame from an app; never raises.
+
+    Known types are decoded and validated in one pass by a tagged-union decoder; the frame is
+    parsed again only when that fails, to compute ``relatesTo`` or to recognise an unknown type.
+    """
+    if _frame_too_large(frame):
+        return BadMessage(f"text frame is over {MAX_TEXT_FRAME_BYTES} bytes", _UNKNOWN)
+    try:
+        command = _command_decoder.decode(frame)
+    except msgspec.MsgspecError as exc:
+        return _classify_failure(frame, exc, COMMAND_TYPES)
+    if type(command) is Handoff and command.payload is not None:
+        size_bytes = len(_encoder.encode(command.payload))
+        if size_bytes > MAX_HANDOFF_PAYLOAD_BYTES:
+            return BadMessage(
+                f"handoff: payload is {size_bytes} bytes, over {MAX_HANDOFF_PAYLOAD_BYTES}",
+                command.id if command.id is not None else "handoff",
+            )
+    return command
+
+
+def decode_event(frame: bytes | str) -> Event | Ignored | BadMessage:
+    """Decodes one text frame from the gateway, for SDKs, test apps and listeners.
+
+    Follows :func:`decode_command`'s rules, without its size limit (the app's side decides).
+    """
+    try:
+        return _event_decoder.decode(frame)
+    except msgspec.MsgspecError as exc:
+        return _classify_failure(frame, exc, EVENT_TYPES)
+
+
+def encode_event(event: Event) -> bytes:
+    """Encodes one event as a compact JSON text frame."""
+    return _encoder.encode(event)
+
+
+def encode_command(command: Command) -> bytes:
+    """Encodes one command as a compact JSON text frame (for SDKs and test apps)."""
+    return _encoder.encode(command)
+
+
+def error_event(
+    code: ErrorCode, message: str, relates_to: str | None, *, fatal: bool = False
+) -> bytes:
+    """Encodes an ``error`` event. Seed 004, "Errors": no error is fatal in this version."""
+    return _encoder.encode(
+        ErrorEvent(code=code, message=message, fatal=fatal, relates_to=relates_to)
+    )
