@@ -1,0 +1,370 @@
+"""What the app's messages do to a call (seed 004, "Speech", "Audio", "Call control").
+
+One ``CommandHandler`` per call. It owns the output side: the utterances being synthesised, the
+files being fetched, the marks, and the translation of output-queue events into ``output.*`` and
+``mark`` events. Nothing here waits: TTS and fetches run as tasks of the call and write into the
+output queue when their audio arrives, so the order of the queue is the order the commands came
+in (INTERFACES §6: ``preempt`` plays first, items behind stay queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from appbridge.media.codecs import AudioFormat, Converter
+from appbridge.media.fetch import FetchError, fetch_audio
+from appbridge.media.output_queue import (
+    MarkReached,
+    OutputDone,
+    OutputEvent,
+    OutputInterrupted,
+    OutputQueue,
+    OutputStarted,
+    QueueFull,
+    WordTiming,
+)
+from appbridge.protocol import session_v1 as sv1
+from appbridge.speech.base import SpeechError, TtsProvider, VoiceInfo
+
+if TYPE_CHECKING:
+    from appbridge.calls.call import Call
+
+log = logging.getLogger(__name__)
+
+MAX_AUDIO_FRAME_BYTES = 1024 * 1024
+# Streamed text is synthesised a sentence at a time (better prosody than token by token); a run
+# of text without punctuation is cut at a word boundary past this many characters.
+SENTENCE_SOFT_LIMIT_CHARS = 160
+_SENTENCE_END = re.compile(r"[.!?;:](?:[\"')\]]*)\s")
+
+# Commands of a later issue (call control). Until they land they are answered plainly.
+_NOT_YET = (sv1.DtmfSend, sv1.Transfer, sv1.TransferComplete, sv1.Hold, sv1.Resume, sv1.Handoff)
+
+
+@dataclass
+class Utterance:
+    """One ``speak`` item, possibly streamed in ``last: false`` pieces (seed 004, ``speak``)."""
+
+    item_id: str
+    provider: TtsProvider
+    voice: VoiceInfo
+    language: str
+    pending: list[str] = field(default_factory=list)
+    last_seen: bool = False
+    wake: Any = None  # asyncio.Event, created on the loop
+
+
+class CommandHandler:
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.queue: OutputQueue | None = None
+        self.out_format: AudioFormat | None = None
+        self._raw_conv: Converter | None = None
+        self._utterances: dict[str, Utterance] = {}
+        self._cleared_streams: set[str] = set()  # ids whose remaining pieces must be dropped
+        self._marks: dict[str, tuple[str, str | None]] = {}
+        self._mark_seq = 0
+        self._internal_items: set[str] = set()
+        self._raw_full_reported = False
+        self.on_hold = False
+        self.subscriptions: set[str] = set()
+        self.listen_language: str | None = None
+        self.listen_hints: list[str] = []
+        self.patience = "normal"
+
+    # -- set-up -------------------------------------------------------------------------------
+    def on_queue_ready(self, queue: OutputQueue, out_format: AudioFormat) -> None:
+        self.queue = queue
+        self.out_format = out_format
+        self._raw_conv = Converter(self.call.session_format, out_format)
+
+    def shutdown(self) -> None:
+        for utt in self._utterances.values():
+            if utt.wake is not None:
+                utt.wake.set()
+        self._utterances.clear()
+
+    # -- inbound frames ---------------------------------------------------------------------------
+    def on_text(self, data: bytes) -> None:
+        msg = sv1.decode_command(data)
+        if isinstance(msg, sv1.BadMessage):
+            self.call.send_error("bad_message", msg.message, msg.relates_to)
+            return
+        if isinstance(msg, sv1.Ignored):
+            log.debug("call %s: ignoring message type %r", self.call.call_ref, msg.type)
+            return
+        self.dispatch(msg)
+
+    def on_audio(self, data: bytes) -> None:
+        """App binary audio joins the output queue (seed 004, "Audio"). No ``output.*`` events."""
+        queue, conv = self.queue, self._raw_conv
+        if queue is None or conv is None:
+            return
+        if len(data) > MAX_AUDIO_FRAME_BYTES:
+            self.call.send_error(
+                "bad_message",
+                f"binary frame of {len(data)} bytes is over the {MAX_AUDIO_FRAME_BYTES}-byte limit",
+                "audio",
+            )
+            return
+        if self.on_hold:
+            return
+        try:
+            queue.append_raw(conv.convert(data))
+        except QueueFull:
+            if not self._raw_full_reported:
+                self._raw_full_reported = True
+                self.call.send_error("queue_full", "more than 120 s of output is queued", "audio")
+            return
+        self._raw_full_reported = False
+
+    # -- commands ----------------------------------------------------------------------------------
+    def dispatch(self, cmd: sv1.Command) -> None:
+        if isinstance(cmd, sv1.Speak):
+            self._speak(cmd)
+        elif isinstance(cmd, sv1.Play):
+            self._play(cmd)
+        elif isinstance(cmd, sv1.MarkCommand):
+            self._mark(cmd)
+        elif isinstance(cmd, sv1.Clear):
+            self.clear()
+        elif isinstance(cmd, sv1.Hangup):
+            self.call.spawn(self.call.end("app_hangup", cmd.id), "hangup")
+        elif isinstance(cmd, sv1.Subscribe):
+            self.subscriptions.update(cmd.events)
+        elif isinstance(cmd, sv1.ListenUpdate):
+            self._listen_update(cmd)
+        elif isinstance(cmd, _NOT_YET):
+            self.call.send_error(
+                "feature_not_supported",
+                f"{cmd.__struct_config__.tag} is not available in this build yet",
+                cmd.id or str(cmd.__struct_config__.tag),
+            )
+
+    def _speak(self, cmd: sv1.Speak) -> None:
+        queue = self.queue
+        if queue is None:
+            return
+        if cmd.id is not None and cmd.id in self._cleared_streams:
+            # The rest of an utterance that ``clear`` dropped: never play it.
+            if cmd.last:
+                self._cleared_streams.discard(cmd.id)
+            return
+        item_id = cmd.id if cmd.id is not None else self._new_id()
+        utt = self._utterances.get(item_id)
+        if utt is None:
+            if queue.has_item(item_id):
+                self.call.send_error(
+                    "bad_message", f"speak: id {item_id!r} is still playing and complete", item_id
+                )
+                return
+            try:
+                provider, voice, language = self.call.gw.catalog.voice_for(
+                    cmd.voice, cmd.language, self.call.app.speech
+                )
+            except SpeechError as exc:
+                self.call.send_error(exc.code, str(exc), item_id)  # type: ignore[arg-type]
+                return
+            self.emit(queue.add_item(item_id, preempt=cmd.preempt))
+            utt = Utterance(item_id, provider, voice, language)
+            self._utterances[item_id] = utt
+            self.call.spawn(self._synthesise(utt), f"tts:{item_id}")
+        utt.pending.append(cmd.text)
+        if cmd.last:
+            utt.last_seen = True
+        if utt.wake is not None:
+            utt.wake.set()
+
+    def speak_fallback(self, text: str) -> None:
+        """The app could not be reached: say the configured message, then hang up."""
+        queue = self.queue
+        if queue is None:
+            return
+        try:
+            provider, voice, language = self.call.gw.catalog.voice_for(
+                None, None, self.call.app.speech
+            )
+        except SpeechError:
+            log.exception("call %s: fallback voice unavailable", self.call.call_ref)
+            self.call.spawn(self.call.end("error"), "end-fallback")
+            return
+        item_id = self._new_id()
+        self._internal_items.add(item_id)
+        queue.add_item(item_id)
+        utt = Utterance(item_id, provider, voice, language, pending=[text], last_seen=True)
+        self._utterances[item_id] = utt
+        self.call.spawn(self._synthesise(utt), "tts:fallback")
+
+    async def _synthesise(self, utt: Utterance) -> None:
+        utt.wake = asyncio.Event()
+        queue, out_format = self.queue, self.out_format
+        assert queue is not None and out_format is not None
+        offset_ms = 0.0
+        conv: Converter | None = None
+        conv_rate = 0
+        carry = ""
+        try:
+            while True:
+                if not utt.pending and not utt.last_seen:
+                    utt.wake.clear()
+                    await utt.wake.wait()
+                    if utt.item_id not in self._utterances:
+                        return
+                text = carry + "".join(utt.pending)
+                utt.pending.clear()
+                final = utt.last_seen
+                ready, carry = (text, "") if final else _split_sentences(text)
+                if ready.strip():
+                    stream = utt.provider.synthesize(ready, utt.voice, utt.language)
+                    async with contextlib.aclosing(stream):
+                        async for chunk in stream:
+                            if conv is None or chunk.rate_hz != conv_rate:
+                                conv = Converter(AudioFormat("pcm16", chunk.rate_hz), out_format)
+                                conv_rate = chunk.rate_hz
+                            if chunk.words:
+                                queue.append_words(utt.item_id, _shift(chunk.words, offset_ms))
+                            if not queue.append_audio(utt.item_id, conv.convert(chunk.pcm16)):
+                                return  # cleared or preempted: drop the rest
+                    length = queue.item_audio_ms(utt.item_id)
+                    offset_ms = float(length) if length is not None else offset_ms
+                if final and not carry:
+                    self.emit(queue.close_item(utt.item_id))
+                    return
+        except QueueFull:
+            self._fail_item(utt.item_id, "queue_full", "more than 120 s of output is queued")
+        except SpeechError as exc:
+            self._fail_item(utt.item_id, exc.code, str(exc))
+        finally:
+            if self._utterances.get(utt.item_id) is utt:
+                del self._utterances[utt.item_id]
+
+    def _play(self, cmd: sv1.Play) -> None:
+        queue = self.queue
+        if queue is None:
+            return
+        item_id = cmd.id if cmd.id is not None else self._new_id()
+        if queue.has_item(item_id):
+            self.call.send_error("bad_message", f"play: id {item_id!r} is in use", item_id)
+            return
+        self.emit(queue.add_item(item_id, loop=cmd.loop, preempt=cmd.preempt))
+        self.call.spawn(self._fetch_and_queue(item_id, cmd.url), f"play:{item_id}")
+
+    async def _fetch_and_queue(self, item_id: str, url: str) -> None:
+        queue, out_format = self.queue, self.out_format
+        assert queue is not None and out_format is not None
+        try:
+            audio = await fetch_audio(self.call.gw.http, url, self.call.config.media)
+        except FetchError as exc:
+            self._fail_item(item_id, "play_fetch_failed", f"play {url}: {exc}")
+            return
+        conv = Converter(AudioFormat("pcm16", audio.rate_hz), out_format)
+        try:
+            if queue.append_audio(item_id, conv.convert(audio.pcm16)):
+                self.emit(queue.close_item(item_id))
+        except QueueFull:
+            self._fail_item(item_id, "queue_full", "more than 120 s of output is queued")
+
+    def _fail_item(self, item_id: str, code: Any, message: str) -> None:
+        queue = self.queue
+        if queue is not None and queue.has_item(item_id):
+            self.emit(queue.discard_item(item_id))
+        if item_id not in self._internal_items:
+            self.call.send_error(code, message, item_id)
+        elif self.call.state == "fallback":
+            self.call.spawn(self.call.end("error"), "end-fallback")
+
+    def _mark(self, cmd: sv1.MarkCommand) -> None:
+        queue = self.queue
+        if queue is None:
+            return
+        self._mark_seq += 1
+        key = f"m{self._mark_seq}"
+        self._marks[key] = (cmd.name, cmd.id)
+        self.emit(queue.add_mark(key))
+
+    def clear(self) -> None:
+        """Seed 004 ``clear``: empty the queue; the caller hears silence within 40 ms."""
+        queue = self.queue
+        if queue is None:
+            return
+        events = queue.clear()
+        if self.call.leg is not None:
+            self.call.leg.clear_output()
+        for item_id, utt in list(self._utterances.items()):
+            if not utt.last_seen:
+                self._cleared_streams.add(item_id)
+            del self._utterances[item_id]
+            if utt.wake is not None:
+                utt.wake.set()
+        self.emit(events)
+
+    def _listen_update(self, cmd: sv1.ListenUpdate) -> None:
+        if cmd.language is not None:
+            try:
+                self.listen_language = self.call.gw.catalog.check_language(cmd.language)
+            except SpeechError as exc:
+                self.call.send_error(exc.code, str(exc), cmd.id or "listen.update")  # type: ignore[arg-type]
+                return
+        if cmd.hints is not None:
+            self.listen_hints = list(cmd.hints)
+        if cmd.patience is not None:
+            self.patience = cmd.patience
+
+    # -- output events -----------------------------------------------------------------------------
+    def on_output_events(self, events: Sequence[OutputEvent]) -> None:
+        self.emit(events)
+
+    def emit(self, events: Sequence[OutputEvent]) -> None:
+        call = self.call
+        for ev in events:
+            if isinstance(ev, MarkReached):
+                name, mark_id = self._marks.pop(ev.name, (ev.name, None))
+                call.send_event(sv1.MarkEvent(name=name, cleared=ev.cleared, id=mark_id))
+                continue
+            if ev.item_id in self._internal_items:
+                if isinstance(ev, OutputDone | OutputInterrupted):
+                    self._internal_items.discard(ev.item_id)
+                    if call.state == "fallback":
+                        call.spawn(call.end("error"), "end-fallback")
+                continue
+            if isinstance(ev, OutputStarted):
+                call.send_event(sv1.OutputStarted(id=ev.item_id))
+            elif isinstance(ev, OutputDone):
+                call.send_event(sv1.OutputDone(id=ev.item_id, heard_ms=ev.heard_ms))
+            elif isinstance(ev, OutputInterrupted):
+                call.send_event(
+                    sv1.OutputInterrupted(
+                        id=ev.item_id, heard_text=ev.heard_text, heard_ms=ev.heard_ms
+                    )
+                )
+
+    def _new_id(self) -> str:
+        return f"ab-{uuid.uuid4().hex[:16]}"
+
+
+def _split_sentences(text: str) -> tuple[str, str]:
+    """Split streamed text into (complete sentences, the rest still being written)."""
+    last_end = None
+    for match in _SENTENCE_END.finditer(text):
+        last_end = match.end()
+    if last_end is not None:
+        return text[:last_end], text[last_end:]
+    if len(text) > SENTENCE_SOFT_LIMIT_CHARS:
+        cut = text.rfind(" ", 0, len(text) - 1)
+        if cut > 0:
+            return text[: cut + 1], text[cut + 1 :]
+    return "", text
+
+
+def _shift(words: Sequence[WordTiming], offset_ms: float) -> list[WordTiming]:
+    if not offset_ms:
+        return list(words)
+    off = round(offset_ms)
+    return [WordTiming(w.start_ms + off, w.end_ms + off, w.text) for w in words]

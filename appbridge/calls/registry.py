@@ -1,0 +1,49 @@
+"""Live calls by callRef, plus a bounded memory of recently ended ones (GET /v1/calls/{callRef})."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from appbridge.calls.call import Call
+
+RECENT_LIMIT = 1000
+
+
+class CallRegistry:
+    def __init__(self) -> None:
+        self._live: dict[str, Call] = {}
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.total_started = 0
+        self.total_rejected = 0
+
+    def add(self, call: Call) -> None:
+        if call.call_ref in self._live:
+            raise KeyError(f"call {call.call_ref} exists")
+        self._live[call.call_ref] = call
+        self.total_started += 1
+
+    def get(self, call_ref: str) -> Call | None:
+        return self._live.get(call_ref)
+
+    def remove(self, call: Call) -> None:
+        if self._live.get(call.call_ref) is call:
+            del self._live[call.call_ref]
+        self._recent[call.call_ref] = call.describe()
+        self._recent.move_to_end(call.call_ref)
+        while len(self._recent) > RECENT_LIMIT:
+            self._recent.popitem(last=False)
+
+    def describe(self, call_ref: str) -> dict[str, Any] | None:
+        call = self._live.get(call_ref)
+        if call is not None:
+            return call.describe()
+        return self._recent.get(call_ref)
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(list(self._live.values()))
+
+    def __len__(self) -> int:
+        return len(self._live)

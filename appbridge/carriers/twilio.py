@@ -1,0 +1,364 @@
+"""Twilio Programmable Voice as a carrier (reference/twilio.md, "Carrier side").
+
+Flow (INTERFACES §6, "When a Twilio call meets its app"): the voice webhook arrives; the gateway
+routes the called number, dials the app (Twilio plays ringback meanwhile, through the 2.5 s retry
+window) and answers the webhook with TwiML ``<Connect><Stream>`` once the app is connected or the
+fallback is chosen. Twilio then opens the Media Stream; its ``start`` message binds the stream to
+the call by CallSid, and ``session.start`` goes to the app.
+
+Toward Twilio the gateway plays the app's role: ``media`` paced by the media clock with a lead of
+``LEAD_FRAMES`` frames, ``clear`` when the app clears (so nothing buffered at Twilio plays on). It
+hangs up through the REST API (``Status=completed``) when credentials are configured, and by
+closing the stream in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+from xml.sax.saxutils import escape, quoteattr
+
+import httpx
+
+from appbridge.carriers.base import CarrierEvents
+from appbridge.config import TwilioCarrierConfig
+from appbridge.media.codecs import PCMU_8K, AudioFormat
+from appbridge.media.pacing import LeadPacer
+from appbridge.protocol.signing import verify_twilio
+from appbridge.protocol.twilio_streams import (
+    TwilioAppSideWriter,
+    TwilioBadMessage,
+    TwilioDtmf,
+    TwilioIgnored,
+    TwilioMedia,
+    TwilioStart,
+    TwilioStop,
+    decode_twilio,
+)
+
+if TYPE_CHECKING:
+    from appbridge.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+LEAD_FRAMES = 2
+# Audio frames waiting for the socket beyond this are dropped (a stalled Twilio socket must not
+# grow memory); control messages always queue.
+MAX_PENDING_AUDIO = 50
+STREAM_WAIT_S = 15.0
+ASGISend = Any
+ASGIReceive = Any
+
+
+class TwilioRestClient:
+    """Twilio's REST API, as far as the gateway uses it: updating a live call."""
+
+    def __init__(self, http: httpx.AsyncClient, cfg: TwilioCarrierConfig) -> None:
+        self._http = http
+        self._cfg = cfg
+
+    @property
+    def usable(self) -> bool:
+        return bool(self._cfg.auth_token)
+
+    async def update_call(self, call_sid: str, form: dict[str, str]) -> httpx.Response:
+        cfg = self._cfg
+        url = f"{cfg.api_base}/2010-04-01/Accounts/{cfg.account_sid}/Calls/{call_sid}.json"
+        return await self._http.post(
+            url, data=form, auth=(cfg.account_sid, cfg.auth_token or ""), timeout=5.0
+        )
+
+    async def hangup(self, call_sid: str) -> bool:
+        try:
+            resp = await self.update_call(call_sid, {"Status": "completed"})
+        except httpx.HTTPError as exc:
+            log.warning("twilio: hang-up of %s failed: %s", call_sid, exc)
+            return False
+        if resp.status_code >= 400:
+            log.warning("twilio: hang-up of %s answered %s", call_sid, resp.status_code)
+            return False
+        return True
+
+
+class TwilioLeg:
+    """One Media Stream, seen from the call. Sends never wait (DESIGN.md)."""
+
+    carrier = "twilio"
+    audio_format: AudioFormat = PCMU_8K
+
+    def __init__(
+        self, send: ASGISend, stream_sid: str, call_sid: str, rest: TwilioRestClient | None
+    ) -> None:
+        self._send = send
+        self.stream_sid = stream_sid
+        self.call_sid = call_sid
+        self._rest = rest
+        self.events: CarrierEvents | None = None
+        self._outbox: deque[tuple[bool, bytes]] = deque()  # (is_audio, text)
+        self._pending_audio = 0
+        self._wake: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self.pacer = LeadPacer(LEAD_FRAMES)
+        self.closed = False
+        self._hung_up = False
+        self.audio_dropped = 0
+        self.frames_sent = 0
+
+    def attach(self, events: CarrierEvents) -> None:
+        self.events = events
+        self._writer = asyncio.get_running_loop().create_task(
+            self._write_loop(), name=f"twilio-writer:{self.call_sid}"
+        )
+
+    # -- output --------------------------------------------------------------------------------
+    def frames_wanted(self, playing: bool) -> int:
+        return self.pacer.frames_wanted(playing)
+
+    def send_frame(self, frame: bytes) -> None:
+        self.pacer.on_sent()
+        self.frames_sent += 1
+        self._enqueue(True, TwilioAppSideWriter.media(self.stream_sid, frame))
+
+    def clear_output(self) -> None:
+        self.pacer.on_cleared()
+        # Audio not yet written is as good as cleared: drop it before it reaches Twilio.
+        if self._pending_audio:
+            self._outbox = deque(item for item in self._outbox if not item[0])
+            self._pending_audio = 0
+        self._enqueue(False, TwilioAppSideWriter.clear(self.stream_sid))
+
+    def _enqueue(self, is_audio: bool, text: bytes) -> None:
+        if self.closed:
+            return
+        if is_audio:
+            if self._pending_audio >= MAX_PENDING_AUDIO:
+                self.audio_dropped += 1
+                return
+            self._pending_audio += 1
+        self._outbox.append((is_audio, text))
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        outbox = self._outbox
+        try:
+            while not self.closed:
+                while outbox:
+                    is_audio, text = outbox.popleft()
+                    if is_audio:
+                        self._pending_audio -= 1
+                    await self._send({"type": "websocket.send", "text": text.decode()})
+                self._wake = loop.create_future()
+                await self._wake
+                self._wake = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the socket went away under us
+            log.debug("twilio stream %s: write failed: %s", self.stream_sid, exc)
+            self.closed = True
+
+    # -- control ---------------------------------------------------------------------------------
+    async def hangup(self) -> None:
+        if self._hung_up:
+            return
+        self._hung_up = True
+        if self._rest is not None and self._rest.usable:
+            await self._rest.hangup(self.call_sid)
+        await self.close()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        # Let what is queued go out, then close the stream.
+        for _ in range(50):
+            if not self._outbox:
+                break
+            await asyncio.sleep(0.005)
+        self.closed = True
+        if self._writer is not None:
+            self._writer.cancel()
+        try:
+            await self._send({"type": "websocket.close", "code": 1000})
+        except Exception:
+            pass
+
+
+# -- TwiML -------------------------------------------------------------------------------------
+
+
+def twiml_stream(stream_url: str, params: dict[str, str]) -> str:
+    inner = "".join(
+        f"<Parameter name={quoteattr(name)} value={quoteattr(value)}/>"
+        for name, value in params.items()
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Response><Connect><Stream url={quoteattr(stream_url)}>{inner}</Stream>"
+        "</Connect></Response>"
+    )
+
+
+def twiml_say_hangup(text: str) -> str:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Response><Say>{escape(text)}</Say><Hangup/></Response>"
+    )
+
+
+def twiml_hangup() -> str:
+    return '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
+
+
+def twiml_reject(reason: str = "busy") -> str:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Response><Reject reason={quoteattr(reason)}/></Response>"
+    )
+
+
+def stream_url(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return f"{scheme}://{parts.netloc}{parts.path}/twilio/stream"
+
+
+# -- the Media Stream endpoint -------------------------------------------------------------------
+
+
+class TwilioStreamEndpoint:
+    """ASGI WebSocket endpoint for ``WS /twilio/stream`` (INTERFACES §5)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        gw = self.gw
+        cfg = gw.config.twilio
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        if cfg is None:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if cfg.auth_token:
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
+            url = stream_url(gw.config.server.base_url())
+            query = scope.get("query_string", b"").decode("latin-1")
+            if query:
+                url = f"{url}?{query}"
+            signature = headers.get("x-twilio-signature", "")
+            if not verify_twilio(cfg.auth_token, url, None, signature):
+                log.warning("twilio stream: bad or missing X-Twilio-Signature; refused")
+                gw.metrics.bad_signatures += 1
+                await send({"type": "websocket.close", "code": 1008})
+                return
+        await send({"type": "websocket.accept"})
+        leg: TwilioLeg | None = None
+        call = None
+        try:
+            while True:
+                message = await receive()
+                kind = message["type"]
+                if kind == "websocket.disconnect":
+                    break
+                if kind != "websocket.receive":
+                    continue
+                text = message.get("text")
+                if text is None:
+                    gw.metrics.carrier_bad_messages += 1
+                    log.warning("twilio stream: binary frame ignored (Twilio sends text only)")
+                    continue
+                msg = decode_twilio(text)
+                if isinstance(msg, TwilioMedia):
+                    if leg is not None and leg.events is not None:
+                        leg.events.on_carrier_audio(msg.media.payload)
+                elif isinstance(msg, TwilioDtmf):
+                    if leg is not None and leg.events is not None:
+                        leg.events.on_carrier_dtmf(msg.dtmf.digit)
+                elif isinstance(msg, TwilioStart):
+                    if leg is not None:
+                        log.warning("twilio stream: second start ignored")
+                        continue
+                    info = msg.start
+                    call = gw.registry.get(info.call_sid)
+                    if call is None or call.leg is not None or call.state == "ended":
+                        log.warning("twilio stream: start for unknown call %s", info.call_sid)
+                        await send({"type": "websocket.close", "code": 1008})
+                        return
+                    leg = TwilioLeg(send, info.stream_sid, info.call_sid, gw.twilio_rest)
+                    call.attach_carrier(leg)
+                elif isinstance(msg, TwilioStop):
+                    break
+                elif isinstance(msg, TwilioBadMessage):
+                    gw.metrics.carrier_bad_messages += 1
+                    log.warning("twilio stream: bad message: %s", msg.message)
+                elif isinstance(msg, TwilioIgnored):
+                    log.debug("twilio stream: ignoring %s", msg.event)
+        finally:
+            if leg is not None:
+                leg.closed = True
+                if leg._writer is not None:
+                    leg._writer.cancel()
+            if call is not None and leg is not None and leg.events is not None:
+                leg.events.on_carrier_hangup()
+
+
+# -- the voice webhook ----------------------------------------------------------------------------
+
+
+async def handle_voice_webhook(
+    gw: Gateway, url: str, form: dict[str, str], signature: str | None
+) -> tuple[int, str, bytes]:
+    """Returns (status, content_type, body) for ``POST /twilio/voice``."""
+    from appbridge.calls.call import Call
+
+    cfg = gw.config.twilio
+    if cfg is None:
+        return 404, "application/json", b'{"error":"not_found","message":"Twilio is not enabled"}'
+    if cfg.auth_token and not verify_twilio(cfg.auth_token, url, form, signature or ""):
+        gw.metrics.bad_signatures += 1
+        return (
+            403,
+            "application/json",
+            b'{"error":"forbidden","message":"X-Twilio-Signature does not match"}',
+        )
+    call_sid = form.get("CallSid", "")
+    if not call_sid:
+        return 400, "application/json", b'{"error":"bad_request","message":"CallSid is missing"}'
+    from_, to = form.get("From", ""), form.get("To", "")
+    if gw.draining or len(gw.registry) >= gw.config.server.max_calls:
+        gw.registry.total_rejected += 1
+        return 200, "text/xml", twiml_reject("busy").encode()
+    existing = gw.registry.get(call_sid)
+    if existing is not None:
+        return 409, "application/json", b'{"error":"conflict","message":"call already exists"}'
+    app = gw.config.route(to)
+    if app is None:
+        log.info("twilio: no app for %s; rejecting", to)
+        return 200, "text/xml", twiml_say_hangup("This number is not in service.").encode()
+    call = Call(
+        gw, call_ref=call_sid, app=app, direction="inbound", from_=from_, to=to, carrier="twilio"
+    )
+    gw.registry.add(call)
+    answered = await call.connect_app()
+    if not answered:
+        await call.end("error")
+        return 200, "text/xml", twiml_hangup().encode()
+    call.spawn(_await_stream(call), "await-stream")
+    params = {"from": from_, "to": to, "callRef": call_sid}
+    body = twiml_stream(stream_url(gw.config.server.base_url()), params)
+    return 200, "text/xml", body.encode()
+
+
+async def _await_stream(call: Any) -> None:
+    await asyncio.sleep(STREAM_WAIT_S)
+    if call.leg is None:
+        log.warning("call %s: Twilio never opened the media stream", call.call_ref)
+        await call.end("error")

@@ -1,0 +1,81 @@
+"""The gateway's shared services: what every call and every route reaches through one object.
+
+It holds the configuration in force (swapped whole on SIGHUP: new calls see the new one at once,
+live calls keep the snapshot they started with), the call registry, the one media clock, the
+speech catalog, the outbound HTTP client and the TLS context for ``wss://`` app links.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import dataclass, field
+
+import httpx
+
+from appbridge.calls.registry import CallRegistry
+from appbridge.carriers.twilio import TwilioRestClient
+from appbridge.clock import Clock, SystemClock
+from appbridge.config import Config
+from appbridge.media.media_clock import MediaClock
+from appbridge.speech.catalog import SpeechCatalog, default_catalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Metrics:
+    app_unreachable: int = 0
+    bad_signatures: int = 0
+    carrier_bad_messages: int = 0
+    calls_ended: dict[str, int] = field(default_factory=dict)
+
+
+def build_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """System roots, plus the operator's private CA bundle when configured (seed 000)."""
+    ctx = ssl.create_default_context()
+    if ca_bundle:
+        ctx.load_verify_locations(cafile=ca_bundle)
+    return ctx
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        catalog: SpeechCatalog | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.catalog = catalog or default_catalog()
+        self.registry = CallRegistry()
+        self.media_clock = MediaClock()
+        self.metrics = Metrics()
+        self.http = http or httpx.AsyncClient(
+            timeout=10.0, headers={"User-Agent": "AppBridge"}, follow_redirects=False
+        )
+        self.draining = False
+        self.config = config
+        self.ssl_context = build_ssl_context(config.server.ca_bundle)
+        self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
+
+    def reload(self, config: Config) -> None:
+        """Swap in a validated configuration: apps, numbers and secrets change for new calls."""
+        old = self.config
+        if (old.server.host, old.server.port) != (config.server.host, config.server.port):
+            log.warning("reload: server.host/port changes need a restart; keeping the listener")
+        self.ssl_context = build_ssl_context(config.server.ca_bundle)
+        self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
+        self.config = config
+        log.info("configuration reloaded from %s", config.source)
+
+    async def start(self) -> None:
+        self.media_clock.start()
+
+    async def stop(self) -> None:
+        for call in self.registry:
+            await call.end("app_hangup")
+        await self.media_clock.stop()
+        await self.http.aclose()

@@ -1,0 +1,163 @@
+"""The HTTP and WebSocket routes of INTERFACES §5, as one Starlette application.
+
+Every error answer is JSON (``{"error": ..., "message": ...}``), including unknown routes and
+wrong methods, so a client never has to parse an HTML page.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from appbridge.carriers.twilio import TwilioStreamEndpoint, handle_voice_webhook
+from appbridge.demo.app import DemoAppEndpoint
+from appbridge.gateway import Gateway
+from appbridge.http.metrics import render_metrics
+
+log = logging.getLogger(__name__)
+
+MAX_FORM_BYTES = 64 * 1024
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+def _bearer_ok(gw: Gateway, request: Request) -> bool:
+    api = gw.config.api
+    if api is None:
+        return False
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    ok = False
+    for candidate in api.tokens:
+        ok |= hmac.compare_digest(candidate.encode(), token.strip().encode())
+    return ok
+
+
+def _unauthorized() -> JSONResponse:
+    resp = error(401, "unauthorized", "a valid Bearer token of [api] tokens is required")
+    resp.headers["WWW-Authenticate"] = 'Bearer realm="appbridge"'
+    return resp
+
+
+def build_app(gw: Gateway) -> Starlette:
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if gw.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ready", "calls": len(gw.registry)})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(
+            render_metrics(gw), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    async def list_calls(request: Request) -> Response:
+        if not _bearer_ok(gw, request):
+            return _unauthorized()
+        calls = []
+        for call in gw.registry:
+            d = call.describe()
+            calls.append(
+                {
+                    k: d[k]
+                    for k in (
+                        "callRef",
+                        "sessionRef",
+                        "app",
+                        "direction",
+                        "from",
+                        "to",
+                        "started",
+                        "state",
+                    )
+                }
+            )
+        return JSONResponse({"calls": calls})
+
+    async def create_call(request: Request) -> Response:
+        if not _bearer_ok(gw, request):
+            return _unauthorized()
+        return error(
+            501,
+            "not_implemented",
+            "outbound calls come with the SIP carrier; this build answers inbound calls only",
+        )
+
+    async def get_call(request: Request) -> Response:
+        if not _bearer_ok(gw, request):
+            return _unauthorized()
+        described = gw.registry.describe(request.path_params["call_ref"])
+        if described is None:
+            return error(404, "not_found", "no such call")
+        return JSONResponse(described)
+
+    async def delete_call(request: Request) -> Response:
+        if not _bearer_ok(gw, request):
+            return _unauthorized()
+        call = gw.registry.get(request.path_params["call_ref"])
+        if call is None or call.state in ("ending", "ended"):
+            return error(404, "not_found", "no such live call")
+        await call.end("app_hangup")
+        return JSONResponse(call.describe())
+
+    async def twilio_voice(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return error(413, "too_large", f"webhook bodies are limited to {MAX_FORM_BYTES} bytes")
+        content_type = request.headers.get("content-type", "")
+        if "application/x-www-form-urlencoded" not in content_type:
+            return error(415, "unsupported_media_type", "expected a form-encoded webhook")
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            return error(400, "bad_request", "the form is not UTF-8")
+        form = dict(pairs)
+        url = gw.config.server.base_url() + "/twilio/voice"
+        if request.url.query:
+            url += "?" + request.url.query
+        status, ctype, payload = await handle_voice_webhook(
+            gw, url, form, request.headers.get("x-twilio-signature")
+        )
+        return Response(payload, status_code=status, media_type=ctype)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        names = {404: "not_found", 405: "method_not_allowed"}
+        return error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error(500, "internal", "the gateway failed to answer this request")
+
+    routes: list[Any] = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/calls", list_calls, methods=["GET"]),
+        Route("/v1/calls", create_call, methods=["POST"]),
+        Route("/v1/calls/{call_ref}", get_call, methods=["GET"]),
+        Route("/v1/calls/{call_ref}", delete_call, methods=["DELETE"]),
+        Route("/twilio/voice", twilio_voice, methods=["POST"]),
+        WebSocketRoute("/twilio/stream", TwilioStreamEndpoint(gw)),
+        WebSocketRoute("/demo/session", DemoAppEndpoint(gw)),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
+    app.state.gateway = gw
+    return app

@@ -1,0 +1,77 @@
+"""``GET /metrics``: Prometheus text exposition (version 0.0.4) of the gateway's counters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from appbridge.gateway import Gateway
+
+
+def render_metrics(gw: Gateway) -> str:
+    m = gw.metrics
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {value:g}")
+
+    metric("appbridge_calls_live", "gauge", "Calls in progress.", [("", len(gw.registry))])
+    metric(
+        "appbridge_calls_started_total",
+        "counter",
+        "Calls accepted.",
+        [("", gw.registry.total_started)],
+    )
+    metric(
+        "appbridge_calls_rejected_total",
+        "counter",
+        "Calls refused (capacity or draining).",
+        [("", gw.registry.total_rejected)],
+    )
+    metric(
+        "appbridge_calls_ended_total",
+        "counter",
+        "Calls ended, by session.end reason.",
+        [(f'{{reason="{r}"}}', n) for r, n in sorted(m.calls_ended.items())] or [("", 0)],
+    )
+    metric(
+        "appbridge_app_unreachable_total",
+        "counter",
+        "App dials that failed for the whole window.",
+        [("", m.app_unreachable)],
+    )
+    metric(
+        "appbridge_bad_signatures_total",
+        "counter",
+        "Carrier requests refused for their signature.",
+        [("", m.bad_signatures)],
+    )
+    metric(
+        "appbridge_carrier_bad_messages_total",
+        "counter",
+        "Malformed carrier messages.",
+        [("", m.carrier_bad_messages)],
+    )
+    clock = gw.media_clock
+    hist = clock.lateness
+    snap = hist.snapshot()
+    name = "appbridge_media_tick_lateness_ms"
+    lines.append(f"# HELP {name} How late each 20 ms media tick started.")
+    lines.append(f"# TYPE {name} histogram")
+    cumulative = 0
+    for bound, count in zip(snap["buckets_ms"], snap["counts"], strict=True):  # type: ignore[call-overload]
+        cumulative += count
+        le = "+Inf" if bound >= 1e9 else f"{bound:g}"
+        lines.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
+    lines.append(f"{name}_sum {hist.sum_ms:g}")
+    lines.append(f"{name}_count {hist.total}")
+    metric(
+        "appbridge_media_tick_resyncs_total",
+        "counter",
+        "Media clock resyncs.",
+        [("", clock.resyncs)],
+    )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,177 @@
+"""Fetching ``play`` media for an app, within bounds (DESIGN.md, "Reliability rules").
+
+Every URL is fetched with bounded size, time and redirects, http/https only, and never from
+loopback, private, link-local or metadata addresses unless the operator allows it
+(``[media] allow_private = true``). Each redirect target is checked again. The host is resolved
+here and every address it resolves to is checked; the request then goes to the checked name
+(a DNS answer that changes between the two is a documented, accepted window).
+
+Formats (seed 004 ``play``): WAV (PCM or µ-law, any rate), and headerless audio named by its
+Content-Type: ``audio/basic``/``audio/x-mulaw``/``audio/pcmu`` (µ-law, ``rate`` parameter or 8 kHz)
+and ``audio/L16`` (RFC 2586: big-endian 16-bit, ``rate`` parameter required).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from appbridge.media.codecs import ulaw_to_pcm16
+from appbridge.media.wav import DecodedAudio, WavError, parse_wav
+
+
+class FetchLimits(Protocol):
+    @property
+    def allow_private(self) -> bool: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def max_redirects(self) -> int: ...
+
+
+class FetchError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class DefaultLimits:
+    allow_private: bool = False
+    max_bytes: int = 16 * 1024 * 1024
+    timeout_s: float = 10.0
+    max_redirects: int = 3
+
+
+_METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
+
+
+def _address_blocked(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return bool(
+        ip.is_loopback
+        or ip.is_private
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+        or (isinstance(ip, ipaddress.IPv4Address) and ip in ipaddress.ip_network("100.64.0.0/10"))
+    )
+
+
+async def _check_target(url: str, limits: FetchLimits) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise FetchError(f"only http and https URLs can be played, not {parts.scheme or 'none'}:")
+    host = parts.hostname
+    if not host:
+        raise FetchError("the URL has no host")
+    if limits.allow_private:
+        return
+    if host.lower() in _METADATA_HOSTS:
+        raise FetchError(f"{host} is a metadata address")
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, parts.port or 80, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise FetchError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    for ip in addresses:
+        if _address_blocked(ip):
+            raise FetchError(
+                f"{host} resolves to {ip}, a loopback/private/link-local address "
+                "(allowed only with [media] allow_private = true)"
+            )
+
+
+async def fetch_audio(client: httpx.AsyncClient, url: str, limits: FetchLimits) -> DecodedAudio:
+    try:
+        async with asyncio.timeout(limits.timeout_s):
+            body, content_type = await _fetch_bytes(client, url, limits)
+    except TimeoutError:
+        raise FetchError(f"no complete answer within {limits.timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise FetchError(f"{type(exc).__name__}: {exc}") from None
+    return decode_audio(body, content_type)
+
+
+async def _fetch_bytes(
+    client: httpx.AsyncClient, url: str, limits: FetchLimits
+) -> tuple[bytes, str]:
+    for _ in range(limits.max_redirects + 1):
+        await _check_target(url, limits)
+        async with client.stream("GET", url, follow_redirects=False) as resp:
+            if resp.is_redirect:
+                location = resp.headers.get("location")
+                if not location:
+                    raise FetchError(f"HTTP {resp.status_code} without a Location")
+                url = urljoin(url, location)
+                continue
+            if resp.status_code != 200:
+                raise FetchError(f"HTTP {resp.status_code}")
+            declared = resp.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > limits.max_bytes:
+                raise FetchError(f"{declared} bytes is over the {limits.max_bytes}-byte limit")
+            chunks: list[bytes] = []
+            total = 0
+            async for chunk in resp.aiter_bytes():
+                total += len(chunk)
+                if total > limits.max_bytes:
+                    raise FetchError(f"more than the {limits.max_bytes}-byte limit")
+                chunks.append(chunk)
+            return b"".join(chunks), resp.headers.get("content-type", "")
+    raise FetchError(f"more than {limits.max_redirects} redirects")
+
+
+def decode_audio(body: bytes, content_type: str) -> DecodedAudio:
+    mime, _, params_text = content_type.partition(";")
+    mime = mime.strip().lower()
+    params = {}
+    for part in params_text.split(";"):
+        name, _, value = part.partition("=")
+        if name.strip():
+            params[name.strip().lower()] = value.strip().strip('"')
+    if body[:4] == b"RIFF" or mime in ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"):
+        try:
+            return parse_wav(body)
+        except WavError as exc:
+            raise FetchError(f"bad WAV: {exc}") from None
+    rate = _rate(params)
+    if mime in ("audio/basic", "audio/x-mulaw", "audio/pcmu", "audio/mulaw"):
+        return DecodedAudio(pcm16=ulaw_to_pcm16(body), rate_hz=rate or 8000)
+    if mime in ("audio/l16", "audio/x-l16"):
+        if rate is None:
+            raise FetchError("audio/L16 needs a rate parameter (RFC 2586)")
+        if len(body) % 2:
+            body = body[:-1]
+        return DecodedAudio(pcm16=_be16_to_le16(body), rate_hz=rate)
+    raise FetchError(
+        f"unsupported media type {mime or 'none'!r}: "
+        "use WAV (PCM or µ-law), audio/basic or audio/L16"
+    )
+
+
+def _rate(params: dict[str, str]) -> int | None:
+    value = params.get("rate")
+    if value is None:
+        return None
+    if not value.isdigit() or not 4000 <= int(value) <= 192000:
+        raise FetchError(f"bad rate parameter {value!r}")
+    return int(value)
+
+
+def _be16_to_le16(data: bytes) -> bytes:
+    swapped = bytearray(len(data))
+    swapped[0::2] = data[1::2]
+    swapped[1::2] = data[0::2]
+    return bytes(swapped)

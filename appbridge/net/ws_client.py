@@ -1,0 +1,239 @@
+"""A WebSocket client that never waits on its peer.
+
+The gateway dials every app (seed 004, "Connecting"). The stock asyncio clients make ``send`` a
+coroutine that waits for the socket to drain, so a slow app would stall whoever sends to it. Here
+the framing is websockets' sans-I/O :class:`~websockets.client.ClientProtocol` and the shell is an
+:class:`asyncio.Protocol`: every send is a synchronous ``transport.write``; the caller reads
+``write_buffer_bytes`` and decides what to drop (audio) and when a peer is too slow to keep
+(DESIGN.md, "Never wait on a peer").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable, Mapping
+
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+log = logging.getLogger(__name__)
+
+
+class WsConnectError(Exception):
+    """The connection or the opening handshake failed."""
+
+
+class WsClient(asyncio.Protocol):
+    """One client connection. Callbacks run on the event loop, synchronously."""
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        max_size: int,
+        on_text: Callable[[bytes], None],
+        on_binary: Callable[[bytes], None],
+        on_pong: Callable[[], None],
+        on_closed: Callable[[int | None, str], None],
+    ) -> None:
+        self._proto = ClientProtocol(parse_uri(url), max_size=max_size)
+        self._request = self._proto.connect()
+        for name, value in headers.items():
+            self._request.headers[name] = value
+        self._on_text = on_text
+        self._on_binary = on_binary
+        self._on_pong = on_pong
+        self._on_closed = on_closed
+        self._transport: asyncio.Transport | None = None
+        self._handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._fragments: list[bytes] = []
+        self._fragment_opcode: Opcode | None = None
+        self._closed_reported = False
+        self.handshake_status: int | None = None
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._proto.send_request(self._request)
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        self._proto.receive_data(data)
+        self._dispatch()
+        self._flush()
+
+    def eof_received(self) -> bool | None:
+        self._proto.receive_eof()
+        self._dispatch()
+        self._flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if not self._handshake.done():
+            self._handshake.set_exception(WsConnectError(str(exc) if exc else "connection closed"))
+        self._report_closed()
+
+    # -- internals -------------------------------------------------------------------------
+    def _flush(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        data = self._proto.data_to_send()
+        if data:
+            for chunk in data:
+                if chunk:
+                    transport.write(chunk)
+                else:  # websockets signals "half-close now" with an empty chunk
+                    if transport.can_write_eof():
+                        transport.write_eof()
+        if self._proto.close_expected() and self._proto.state is State.CLOSED:
+            transport.close()
+
+    def _dispatch(self) -> None:
+        for event in self._proto.events_received():
+            if isinstance(event, Response):
+                self.handshake_status = event.status_code
+                if self._proto.handshake_exc is not None:
+                    if not self._handshake.done():
+                        self._handshake.set_exception(
+                            WsConnectError(f"handshake refused: {self._proto.handshake_exc}")
+                        )
+                elif not self._handshake.done():
+                    self._handshake.set_result(None)
+                continue
+            if isinstance(event, Frame):
+                self._on_frame(event)
+        if self._proto.state is State.CLOSED:
+            self._report_closed()
+
+    def _on_frame(self, frame: Frame) -> None:
+        opcode = frame.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            if frame.fin:
+                if opcode is Opcode.TEXT:
+                    self._on_text(bytes(frame.data))
+                else:
+                    self._on_binary(bytes(frame.data))
+            else:
+                self._fragment_opcode = opcode
+                self._fragments = [bytes(frame.data)]
+        elif opcode is Opcode.CONT:
+            if self._fragment_opcode is None:
+                return
+            self._fragments.append(bytes(frame.data))
+            if frame.fin:
+                data = b"".join(self._fragments)
+                kind = self._fragment_opcode
+                self._fragments, self._fragment_opcode = [], None
+                (self._on_text if kind is Opcode.TEXT else self._on_binary)(data)
+        elif opcode is Opcode.PONG:
+            self._on_pong()
+        # PING is answered by the sans-I/O protocol itself; CLOSE is handled through state.
+
+    def _report_closed(self) -> None:
+        if self._closed_reported:
+            return
+        self._closed_reported = True
+        self._on_closed(self._proto.close_code, self._proto.close_reason or "")
+
+    # -- public API ------------------------------------------------------------------------
+    async def wait_open(self) -> None:
+        await self._handshake
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and self._proto.state is State.OPEN
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        transport = self._transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def send_text(self, data: bytes) -> None:
+        if self.is_open:
+            self._proto.send_text(data)
+            self._flush()
+
+    def send_binary(self, data: bytes) -> None:
+        if self.is_open:
+            self._proto.send_binary(data)
+            self._flush()
+
+    def ping(self) -> None:
+        if self.is_open:
+            self._proto.send_ping(b"")
+            self._flush()
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        if self._proto.state is State.OPEN:
+            self._proto.send_close(code, reason)
+            self._flush()
+        elif self._transport is not None and self._proto.state is State.CONNECTING:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+
+async def ws_connect(
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    ssl_context: ssl.SSLContext | None,
+    timeout_s: float,
+    max_size: int,
+    on_text: Callable[[bytes], None],
+    on_binary: Callable[[bytes], None],
+    on_pong: Callable[[], None],
+    on_closed: Callable[[int | None, str], None],
+) -> WsClient:
+    """Open a connection and finish the handshake within ``timeout_s``, or raise WsConnectError."""
+    uri = parse_uri(url)
+    loop = asyncio.get_running_loop()
+    holder: list[WsClient] = []
+
+    def factory() -> WsClient:
+        client = WsClient(
+            url,
+            headers,
+            max_size=max_size,
+            on_text=on_text,
+            on_binary=on_binary,
+            on_pong=on_pong,
+            on_closed=on_closed,
+        )
+        holder.append(client)
+        return client
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await loop.create_connection(
+                factory,
+                uri.host,
+                uri.port,
+                ssl=(ssl_context if uri.secure else None),
+                server_hostname=(uri.host if uri.secure else None),
+            )
+            await holder[0].wait_open()
+    except TimeoutError as exc:
+        if holder:
+            holder[0].abort()
+        raise WsConnectError(f"timed out after {timeout_s:.2f} s") from exc
+    except OSError as exc:
+        if holder:
+            holder[0].abort()
+        raise WsConnectError(exc.strerror or str(exc)) from exc
+    except WsConnectError:
+        if holder:
+            holder[0].abort()
+        raise
+    return holder[0]

@@ -1,0 +1,152 @@
+"""``appbridge serve``: the asyncio shell around the gateway (INTERFACES §2).
+
+uvicorn serves the Starlette app on uvloop with the sans-I/O websockets implementation. Signals
+are the gateway's own, not uvicorn's:
+
+* SIGHUP reloads the configuration file: a valid one replaces apps, numbers and secrets for new
+  calls at once (seed 004: "Rotating the signing secret takes effect immediately"); live calls go
+  on untouched; an invalid one is refused with its problems logged and the old one stays.
+* SIGTERM drains: ``/readyz`` answers 503, new calls are refused, live calls may finish for
+  ``server.drain_timeout_s``; then the rest are ended and the process exits. A second SIGTERM, or
+  SIGINT, stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from appbridge.config import Config, ConfigError, load_config
+from appbridge.gateway import Gateway
+from appbridge.http.app import build_app
+from appbridge.http.uvicorn_server import EmbeddedServer, uvicorn_config
+
+log = logging.getLogger("appbridge")
+
+
+def _setup_logging() -> None:
+    level = os.environ.get("APPBRIDGE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _known_voice() -> Callable[[str], bool] | None:
+    from appbridge.speech.catalog import default_catalog
+
+    return default_catalog().is_known_voice
+
+
+async def run_gateway(
+    config: Config,
+    config_path: str | None,
+    *,
+    ready: Callable[[Gateway, EmbeddedServer], None] | None = None,
+) -> int:
+    gw = Gateway(config)
+    app = build_app(gw)
+    server = EmbeddedServer(
+        uvicorn_config(app, host=config.server.host, port=config.server.port)
+    )
+    loop = asyncio.get_running_loop()
+    stop_now = asyncio.Event()
+    drain_requested = asyncio.Event()
+
+    def on_term() -> None:
+        if drain_requested.is_set():
+            log.warning("second SIGTERM: stopping now")
+            stop_now.set()
+        else:
+            log.info("SIGTERM: draining (new calls refused, live calls may finish)")
+            drain_requested.set()
+
+    def on_int() -> None:
+        log.warning("SIGINT: stopping now")
+        stop_now.set()
+
+    def on_hup() -> None:
+        if config_path is None:
+            log.warning("SIGHUP: running on the embedded default; nothing to reload")
+            return
+        try:
+            new = load_config(config_path, known_voice=_known_voice())
+        except ConfigError as exc:
+            log.error("SIGHUP: %s is invalid; keeping the running configuration", config_path)
+            for problem in exc.problems:
+                log.error("  %s", problem)
+            return
+        except OSError as exc:
+            log.error(
+                "SIGHUP: cannot read %s: %s; keeping the running configuration", config_path, exc
+            )
+            return
+        gw.reload(new)
+
+    for sig, handler in (
+        (signal.SIGTERM, on_term),
+        (signal.SIGINT, on_int),
+        (signal.SIGHUP, on_hup),
+    ):
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+    await gw.start()
+    serve_task = loop.create_task(server.serve())
+    while not server.started:
+        if serve_task.done():
+            await serve_task
+            log.error(
+                "the HTTP listener could not start on %s:%s", config.server.host, config.server.port
+            )
+            await gw.stop()
+            return 1
+        await asyncio.sleep(0.01)
+    # Start-up garbage is long-lived: move it out of the collector's way (DESIGN.md).
+    gc.collect()
+    gc.freeze()
+    log.info(
+        "AppBridge listening on http://%s:%s (config: %s)",
+        config.server.host,
+        config.server.port,
+        config.source,
+    )
+    if ready is not None:
+        ready(gw, server)
+
+    drain_task = loop.create_task(drain_requested.wait())
+    stop_task = loop.create_task(stop_now.wait())
+    await asyncio.wait({drain_task, stop_task, serve_task}, return_when=asyncio.FIRST_COMPLETED)
+    if drain_requested.is_set() and not stop_now.is_set():
+        gw.draining = True
+        deadline = loop.time() + gw.config.server.drain_timeout_s
+        while len(gw.registry) and loop.time() < deadline and not stop_now.is_set():
+            await asyncio.wait({stop_task}, timeout=0.2)
+        if len(gw.registry):
+            log.warning("drain: ending %d call(s) still live", len(gw.registry))
+    gw.draining = True
+    await gw.stop()
+    server.should_exit = True
+    await serve_task
+    drain_task.cancel()
+    stop_task.cancel()
+    return 0
+
+
+def serve(config: Config, config_path: str | None = None) -> int:
+    _setup_logging()
+    for warning in getattr(config, "warnings", ()):
+        log.warning("%s", warning)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(run_gateway(config, config_path))
+    return uvloop.run(run_gateway(config, config_path))

@@ -1,0 +1,112 @@
+"""Output pacing in virtual time: one media clock, the output queue, a leg's lead, and clear."""
+
+from __future__ import annotations
+
+from appbridge.media.codecs import PCMU_8K
+from appbridge.media.media_clock import MediaClock
+from appbridge.media.output_queue import OutputDone, OutputInterrupted, OutputQueue, OutputStarted
+from appbridge.media.pacing import LeadPacer
+
+FRAME = PCMU_8K.frame_bytes(20)
+
+
+class FarEnd:
+    """A carrier that plays one buffered frame per tick, like Twilio's playout."""
+
+    def __init__(self) -> None:
+        self.buffer: list[bytes] = []
+        self.played: list[bytes | None] = []
+
+    def tick(self) -> None:
+        self.played.append(self.buffer.pop(0) if self.buffer else None)
+
+    def clear(self) -> None:
+        self.buffer.clear()
+
+
+def make_call(lead: int) -> tuple[OutputQueue, LeadPacer, FarEnd, list[object], MediaClock]:
+    queue = OutputQueue(FRAME, PCMU_8K.silence(20))
+    pacer = LeadPacer(lead)
+    far = FarEnd()
+    events: list[object] = []
+    clock = MediaClock()
+
+    def on_tick(tick: int) -> None:
+        far.tick()
+        for _ in range(pacer.frames_wanted(not queue.is_empty)):
+            frame, evs = queue.pull_frame()
+            events.extend(evs)
+            if frame is None:
+                break
+            pacer.on_sent()
+            far.buffer.append(frame)
+
+    clock.subscribe(on_tick)
+    return queue, pacer, far, events, clock
+
+
+def test_steady_state_sends_one_frame_per_tick_after_a_lead() -> None:
+    queue, _pacer, far, events, clock = make_call(lead=2)
+    queue.add_item("a")
+    queue.append_audio("a", bytes(range(160)) * 50)  # 1 s of audio
+    queue.close_item("a")
+    clock.run_tick()
+    assert len(far.buffer) == 3  # the first tick builds the lead
+    for _ in range(10):
+        clock.run_tick()
+        assert 2 <= len(far.buffer) <= 3
+    assert isinstance(events[0], OutputStarted)
+
+
+def test_every_frame_is_played_once_in_order() -> None:
+    queue, _pacer, far, events, clock = make_call(lead=2)
+    frames = [bytes([i]) * FRAME for i in range(25)]
+    queue.add_item("a")
+    queue.append_audio("a", b"".join(frames))
+    queue.close_item("a")
+    for _ in range(40):
+        clock.run_tick()
+    assert [f for f in far.played if f is not None] == frames
+    done = [e for e in events if isinstance(e, OutputDone)]
+    assert done == [OutputDone("a", 500)]
+
+
+def test_clear_reaches_silence_on_the_next_tick() -> None:
+    queue, pacer, far, events, clock = make_call(lead=2)
+    queue.add_item("a")
+    queue.append_audio("a", b"\x10" * FRAME * 100)
+    queue.close_item("a")
+    for _ in range(10):
+        clock.run_tick()
+    # The app sends clear between two ticks: the queue empties and the far end drops its buffer.
+    events.extend(queue.clear())
+    pacer.on_cleared()
+    far.clear()
+    clock.run_tick()
+    assert far.played[-1] is None  # silence within one 20 ms tick
+    interrupted = [e for e in events if isinstance(e, OutputInterrupted)]
+    assert interrupted and interrupted[0].heard_ms > 0
+
+
+def test_idle_calls_send_nothing() -> None:
+    _queue, _pacer, far, events, clock = make_call(lead=2)
+    for _ in range(5):
+        clock.run_tick()
+    assert far.played == [None] * 5
+    assert events == []
+
+
+def test_a_failing_subscriber_is_removed_and_others_keep_ticking() -> None:
+    clock = MediaClock()
+    ticks: list[int] = []
+
+    def bad(tick: int) -> None:
+        raise RuntimeError("boom")
+
+    clock.subscribe(bad)
+    clock.subscribe(ticks.append)
+    clock.run_tick()
+    clock.run_tick()
+    assert ticks == [1, 2]
+    assert clock.tick_errors == 1
+    assert clock.subscribers == 1
