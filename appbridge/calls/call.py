@@ -83,6 +83,8 @@ class Call:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ending = False
         self._in_conv: Converter | None = None
+        self._in_frame_bytes = 0
+        self._in_pending = bytearray()
         self._track_prefix = bytes([INBOUND_TRACK])
         self.ended = asyncio.Event()
         self.frames_in = 0
@@ -162,6 +164,7 @@ class Call:
         self.queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
         self.commands.on_queue_ready(self.queue, fmt)
         self._in_conv = Converter(fmt, self.session_format)
+        self._in_frame_bytes = self.session_format.frame_bytes(20)
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
         if self.link is not None:
@@ -238,7 +241,17 @@ class Call:
             return
         conv = self._in_conv
         assert conv is not None
-        link.send_audio(self._track_prefix + conv.convert(payload))
+        data = conv.convert(payload)
+        size = self._in_frame_bytes
+        pending = self._in_pending
+        if not pending and len(data) == size:  # the steady state: one carrier frame, one app frame
+            link.send_audio(self._track_prefix + data)
+            return
+        # Resamplers start a sample short and carriers may send odd sizes: reframe to exact 20 ms.
+        pending += data
+        while len(pending) >= size:
+            link.send_audio(self._track_prefix + bytes(pending[:size]))
+            del pending[:size]
 
     def on_carrier_dtmf(self, digit: str) -> None:
         if self.state == "active":

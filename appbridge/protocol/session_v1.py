@@ -505,6 +505,27 @@ def _relates_to(obj: dict[str, Any], fallback: str) -> str:
     return fallback
 
 
+class _Envelope(Struct):
+    """Only what ``relatesTo`` needs; every other field is skipped unparsed."""
+
+    type: Any = None
+    id: Any = None
+
+
+_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
+
+
+def _oversized_relates_to(frame: bytes | str) -> str:
+    """``relatesTo`` of a frame refused for its size (the link bounds it at a few MiB)."""
+    try:
+        env = _envelope_decoder.decode(frame)
+    except msgspec.MsgspecError:
+        return _UNKNOWN
+    if isinstance(env.id, str) and len(env.id) <= MAX_ID_CHARS:
+        return env.id
+    return env.type if isinstance(env.type, str) and env.type in COMMAND_TYPES else _UNKNOWN
+
+
 def _classify_failure(
     frame: bytes | str, error: msgspec.MsgspecError, known: dict[str, type[Struct]]
 ) -> Ignored | BadMessage:
@@ -534,7 +555,9 @@ def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
     parsed again only when that fails, to compute ``relatesTo`` or to recognise an unknown type.
     """
     if _frame_too_large(frame):
-        return BadMessage(f"text frame is over {MAX_TEXT_FRAME_BYTES} bytes", _UNKNOWN)
+        return BadMessage(
+            f"text frame is over {MAX_TEXT_FRAME_BYTES} bytes", _oversized_relates_to(frame)
+        )
     try:
         command = _command_decoder.decode(frame)
     except msgspec.MsgspecError as exc:

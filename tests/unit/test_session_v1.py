@@ -256,7 +256,7 @@ def test_text_frame_limit_is_64_kib_in_utf8_bytes() -> None:
     assert len(at_limit) == s.MAX_TEXT_FRAME_BYTES
     assert isinstance(s.decode_command(at_limit), s.Speak)
     over = head + b"a" * (filler + 1) + tail
-    assert s.decode_command(over) == s.BadMessage("text frame is over 65536 bytes", "unknown")
+    assert s.decode_command(over) == s.BadMessage("text frame is over 65536 bytes", "speak")
     # A str is measured in UTF-8 bytes: 3 bytes per "€" although 1 character.
     euro_count = filler // 3 + 1
     text_frame = '{"type":"speak","text":"' + "€" * euro_count + '"}'
