@@ -90,8 +90,15 @@ async def test_garbage_from_twilio_is_logged_and_the_call_goes_on(env: Env) -> N
     call, session, _ = await connect(env)
     await call.send_raw("this is not json")
     await call.send_raw(b"\x00\x01binary")
-    await call.send_raw(json.dumps({"event": "media", "streamSid": call.stream_sid,
-                                    "media": {"payload": "!!!not base64!!!"}}))
+    await call.send_raw(
+        json.dumps(
+            {
+                "event": "media",
+                "streamSid": call.stream_sid,
+                "media": {"payload": "!!!not base64!!!"},
+            }
+        )
+    )
     await call.send_raw(json.dumps({"event": "whatever"}))
     await still_works(session)
     assert env.gw.metrics.carrier_bad_messages >= 3
@@ -100,8 +107,12 @@ async def test_garbage_from_twilio_is_logged_and_the_call_goes_on(env: Env) -> N
 async def test_play_fetches_wav_and_raw_ulaw(env: Env, media_server: LoopbackServer) -> None:
     _, session, _ = await connect(env)
     base = media_server.base_url
-    for item, name, ms in (("w", "tone.wav", 800), ("u", "ulaw.wav", 500), ("r", "raw.ulaw", 300),
-                           ("rd", "redirect", 800)):
+    for item, name, ms in (
+        ("w", "tone.wav", 800),
+        ("u", "ulaw.wav", 500),
+        ("r", "raw.ulaw", 300),
+        ("rd", "redirect", 800),
+    ):
         await session.send({"type": "play", "id": item, "url": f"{base}/{name}"})
         done = await session.wait_for(
             lambda m, i=item: m["type"] == "output.done" and m["id"] == i, timeout=10
@@ -137,16 +148,21 @@ async def test_play_from_private_addresses_needs_the_operator(media_server: Loop
 
 async def test_http_bad_requests_get_json_errors(env: Env) -> None:
     async with httpx.AsyncClient(base_url=env.base_url) as client:
-        r = await client.post("/twilio/voice", content=b"{}",
-                              headers={"Content-Type": "application/json"})
+        r = await client.post(
+            "/twilio/voice", content=b"{}", headers={"Content-Type": "application/json"}
+        )
         assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type"
-        r = await client.post("/twilio/voice", content=b"x" * 70_000,
-                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = await client.post(
+            "/twilio/voice",
+            content=b"x" * 70_000,
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
         assert r.status_code == 413
         r = await client.post("/v1/calls", json={"app": "main"})
         assert r.status_code == 401
-        r = await client.post("/v1/calls", json={"app": "main"},
-                              headers={"Authorization": f"Bearer {API_TOKEN}"})
+        r = await client.post(
+            "/v1/calls", json={"app": "main"}, headers={"Authorization": f"Bearer {API_TOKEN}"}
+        )
         assert r.status_code == 501 and r.json()["error"] == "not_implemented"
 
 

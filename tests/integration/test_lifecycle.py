@@ -48,7 +48,7 @@ async def test_caller_hangup_sends_session_end(env: Env) -> None:
 
 async def test_a_stream_that_vanishes_ends_only_its_own_call(env: Env) -> None:
     call1, session1, _ = await connect(env)
-    call2, session2, _ = await connect(env)
+    _call2, session2, _ = await connect(env)
     assert call1._ws is not None
     call1._ws.transport.abort()  # no stop, no close frame: the peer just vanishes
     end = await session1.wait_for("session.end", timeout=5)
@@ -75,15 +75,20 @@ async def test_retry_window_connects_an_app_that_comes_up_late(env: Env) -> None
         await env.app.listen_again()
 
     task = asyncio.create_task(come_back())
-    call, session, start = await connect(env)
+    call, _session, start = await connect(env)
     await task
     assert start["callRef"] == call.call_sid
 
 
 async def test_unreachable_app_with_a_message_fallback_speaks_then_hangs_up() -> None:
     def apps(app: FakeApp) -> list[dict[str, object]]:
-        return [{"ref": "down", "url": f"ws://127.0.0.1:{closed_port()}/x",
-                 "fallback": {"message": "Sorry, we are closed."}}]
+        return [
+            {
+                "ref": "down",
+                "url": f"ws://127.0.0.1:{closed_port()}/x",
+                "fallback": {"message": "Sorry, we are closed."},
+            }
+        ]
 
     async with gateway_env(apps) as env:
         call = await env.twilio.place_call("+15550001111", "+15550002222", continuous_media=True)
@@ -96,13 +101,16 @@ async def test_unreachable_app_with_a_message_fallback_speaks_then_hangs_up() ->
 async def test_unreachable_app_falls_back_to_another_app() -> None:
     def apps(app: FakeApp) -> list[dict[str, object]]:
         return [
-            {"ref": "down", "url": f"ws://127.0.0.1:{closed_port()}/x",
-             "fallback": {"app": "overflow"}},
+            {
+                "ref": "down",
+                "url": f"ws://127.0.0.1:{closed_port()}/x",
+                "fallback": {"app": "overflow"},
+            },
             {"ref": "overflow", "url": app.url, "signing_secret": SECRET},
         ]
 
     async with gateway_env(apps) as env:
-        call, session, start = await connect(env)
+        _call, _session, start = await connect(env)
         assert start["appRef"] == "overflow"
 
 
@@ -159,7 +167,14 @@ async def test_v1_calls_api(env: Env) -> None:
         listed = r.json()["calls"]
         assert [c["callRef"] for c in listed] == [call.call_sid]
         assert set(listed[0]) == {
-            "callRef", "sessionRef", "app", "direction", "from", "to", "started", "state"
+            "callRef",
+            "sessionRef",
+            "app",
+            "direction",
+            "from",
+            "to",
+            "started",
+            "state",
         }
         r = await client.get(f"/v1/calls/{call.call_sid}", headers=auth)
         assert r.json()["state"] == "active"
@@ -194,12 +209,12 @@ async def test_health_readiness_metrics_and_json_errors(env: Env) -> None:
 
 
 async def test_reload_rotates_the_secret_for_new_calls_only(env: Env) -> None:
-    call1, session1, _ = await connect(env)
+    _call1, session1, _ = await connect(env)
     new_secret = "rotated-secret"
     app = dataclasses.replace(env.gw.config.apps["main"], signing_secret=new_secret)
     env.gw.reload(dataclasses.replace(env.gw.config, apps={"main": app}))
     env.app.secret = new_secret
-    call2, session2, _ = await connect(env)
+    _call2, session2, _ = await connect(env)
     await session1.send({"type": "speak", "id": "old", "text": "Old call goes on."})
     await session1.wait_for("output.done", timeout=10)
     assert session2.headers["x-fonoster-signature"] != session1.headers["x-fonoster-signature"]

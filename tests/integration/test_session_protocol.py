@@ -68,8 +68,12 @@ async def test_caller_audio_arrives_as_track_frames_in_the_session_format(env: E
 async def test_pcmu_sessions_get_pcmu_frames() -> None:
     def apps(app):  # type: ignore[no-untyped-def]
         return [
-            {"ref": "u", "url": app.url, "signing_secret": SECRET,
-             "audio": {"codec": "pcmu", "rate": 8000}}
+            {
+                "ref": "u",
+                "url": app.url,
+                "signing_secret": SECRET,
+                "audio": {"codec": "pcmu", "rate": 8000},
+            }
         ]
 
     async with gateway_env(apps) as env:
@@ -110,8 +114,13 @@ async def test_unknown_voice_is_invalid_catalog_id(env: Env) -> None:
 async def test_voice_and_language_overrides(env: Env) -> None:
     _, session, _ = await connect(env)
     await session.send(
-        {"type": "speak", "id": "es", "text": "Hola, buenos días.", "voice": "local/es-ES",
-         "language": "es-ES"}
+        {
+            "type": "speak",
+            "id": "es",
+            "text": "Hola, buenos días.",
+            "voice": "local/es-ES",
+            "language": "es-ES",
+        }
     )
     done = await session.wait_for("output.done", timeout=15)
     assert done["id"] == "es"
@@ -144,7 +153,10 @@ async def test_clear_empties_the_queue_tells_twilio_and_clears_marks(env: Env) -
     assert mark == {"type": "mark", "name": "m1", "cleared": True}
     interrupted = await session.wait_for("output.interrupted", timeout=5)
     assert interrupted == {
-        "type": "output.interrupted", "id": "later", "heardText": "", "heardMs": 0
+        "type": "output.interrupted",
+        "id": "later",
+        "heardText": "",
+        "heardMs": 0,
     }
     await call.wait_until(lambda: call.clears_received >= 1, timeout=5)
     await asyncio.sleep(0.3)
