@@ -14,6 +14,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Mapping
+from typing import cast
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -59,8 +60,8 @@ class WsClient(asyncio.Protocol):
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport; they implement it.
+        self._transport = cast(asyncio.Transport, transport)
         self._proto.send_request(self._request)
         self._flush()
 

@@ -1,0 +1,3 @@
+from appbridge.cli import main
+
+raise SystemExit(main())
