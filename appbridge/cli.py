@@ -19,7 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from appbridge import __version__
-from appbridge.config import Config, ConfigError, default_config, load_config
+from appbridge.config import (
+    DEMO_ACCOUNT_SID,
+    Config,
+    ConfigError,
+    default_config,
+    load_config,
+)
 from appbridge.protocol.signing import fonoster_headers
 
 __all__ = ["build_parser", "main"]
@@ -95,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- more subcommands register here ---------------------------------------------------------
     # Add a parser with `commands.add_parser(...)` and `set_defaults(handler=fn)`, where `fn`
     # takes the parsed Namespace and returns the exit code; import heavy modules inside `fn`.
+    _register_call(commands)
     for register in EXTRA_COMMANDS:
         register(commands)
     # ---- end of subcommand registration ---------------------------------------------------------
@@ -155,3 +162,68 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     for name, value in fonoster_headers(args.secret, args.url, timestamp).items():
         print(f"{name}: {value}")
     return EXIT_OK
+
+
+def _register_call(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``appbridge call``: the test caller (``appbridge.caller``), playing Twilio's part."""
+    call = commands.add_parser(
+        "call",
+        help="place a test call on a running gateway, as Twilio would",
+        description=(
+            "Place a test call through the gateway's Twilio ingress: post the voice webhook, open "
+            "the media stream, send WAV audio or silence and keypresses, print every event with "
+            "its time, and save what was heard. Ctrl-C hangs up. Exit 0 when the call connected, "
+            "1 when the gateway refused it or could not be reached, 2 on usage errors."
+        ),
+    )
+    call.add_argument(
+        "url",
+        metavar="URL",
+        help="the gateway's base URL, e.g. http://127.0.0.1:8080 (sip: URIs come with SIP)",
+    )
+    call.add_argument(
+        "--from",
+        dest="from_",
+        metavar="NUMBER",
+        default="+15550001111",
+        help="caller number (default +15550001111)",
+    )
+    call.add_argument(
+        "--to",
+        metavar="NUMBER",
+        default="+15550002222",
+        help="called number, which routes the call (default +15550002222)",
+    )
+    call.add_argument("--play", metavar="WAV", help="send this WAV file (any rate) as caller audio")
+    call.add_argument(
+        "--digits", metavar="DIGITS", help="keypresses to send, one per second after 2 s"
+    )
+    call.add_argument("--record", metavar="OUT.WAV", help="save what was heard (16-bit, 8 kHz)")
+    call.add_argument(
+        "--seconds", type=float, default=15.0, help="hang up after this long (default 15)"
+    )
+    call.add_argument(
+        "--auth-token",
+        metavar="TOKEN",
+        help="sign as Twilio with this auth token (default: $TWILIO_AUTH_TOKEN, else unsigned)",
+    )
+    call.add_argument(
+        "--account-sid",
+        metavar="AC...",
+        default=DEMO_ACCOUNT_SID,
+        help=f"AccountSid of the webhook and stream (default {DEMO_ACCOUNT_SID})",
+    )
+    call.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the gateway's server.public_url, which signatures cover (default: URL)",
+    )
+    call.set_defaults(handler=_cmd_call)
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    from appbridge.caller import run_call_command
+
+    return run_call_command(args)
