@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import weakref
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -23,6 +24,11 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 log = logging.getLogger(__name__)
+
+
+# Every connection still open, so a shutting-down gateway can close them all (bounded) before
+# its event loop goes away.
+OPEN_CLIENTS: weakref.WeakSet[WsClient] = weakref.WeakSet()
 
 
 class WsConnectError(Exception):
@@ -52,7 +58,9 @@ class WsClient(asyncio.Protocol):
         self._on_pong = on_pong
         self._on_closed = on_closed
         self._transport: asyncio.Transport | None = None
-        self._handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._handshake: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._closed_reported = False
@@ -62,6 +70,7 @@ class WsClient(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport; they implement it.
         self._transport = cast(asyncio.Transport, transport)
+        OPEN_CLIENTS.add(self)
         self._proto.send_request(self._request)
         self._flush()
 
@@ -78,6 +87,9 @@ class WsClient(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        OPEN_CLIENTS.discard(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
         if not self._handshake.done():
             self._handshake.set_exception(WsConnectError(str(exc) if exc else "connection closed"))
         self._report_closed()
@@ -150,6 +162,11 @@ class WsClient(asyncio.Protocol):
         await self._handshake
 
     @property
+    def connected(self) -> bool:
+        """The TCP connection is still there (open, or closing)."""
+        return self._transport is not None
+
+    @property
     def is_open(self) -> bool:
         return self._transport is not None and self._proto.state is State.OPEN
 
@@ -183,6 +200,20 @@ class WsClient(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+
+async def close_all(timeout_s: float) -> None:
+    """Close every open client; those still open after ``timeout_s`` are aborted."""
+    clients = list(OPEN_CLIENTS)
+    for client in clients:
+        client.close(1001, "gateway shutting down")
+    waiting = [c.lost for c in clients if c.connected]
+    if waiting:
+        await asyncio.wait(waiting, timeout=timeout_s)
+    for client in clients:
+        if client.connected:
+            client.abort()
+    await asyncio.sleep(0)
 
 
 async def ws_connect(

@@ -263,6 +263,10 @@ class FakeApp:
         """Close every connection (1001) and the listening socket; wait for the handlers."""
         if self._relisten is not None:
             await asyncio.gather(self._relisten, return_exceptions=True)
+        # A session told to stop reading would never see the close: let every one read again.
+        self.stop_reading = False
+        for session in self.sessions:
+            session.stop_reading = False
         servers = [*self._retired, *([self._listening] if self._listening else [])]
         self._retired = []
         self._listening = None
