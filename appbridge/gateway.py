@@ -18,6 +18,7 @@ from appbridge.carriers.twilio import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
 from appbridge.config import Config
 from appbridge.media.media_clock import MediaClock
+from appbridge.net.ws_client import close_all
 from appbridge.speech.catalog import SpeechCatalog, default_catalog
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ class Gateway:
         self.media_clock.start()
 
     async def stop(self) -> None:
+        # Calls still live when the gateway stops (a drain that ran out): the drain timed out.
         for call in self.registry:
-            await call.end("app_hangup")
+            await call.end("timeout")
+        await close_all(timeout_s=1.0)
         await self.media_clock.stop()
         await self.http.aclose()

@@ -20,6 +20,7 @@ from typing import Protocol
 from appbridge import __version__
 from appbridge.apps.timers import Keepalive, KeepaliveAction, RetryWindow
 from appbridge.clock import Clock
+from appbridge.net.plaintext import redact_url
 from appbridge.net.ws_client import WsClient, WsConnectError, ws_connect
 from appbridge.protocol.signing import fonoster_headers
 
@@ -32,7 +33,10 @@ WS_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 class AppUnreachable(Exception):
     def __init__(self, url: str, attempts: int, last_error: str) -> None:
-        super().__init__(f"{url}: unreachable after {attempts} attempt(s): {last_error}")
+        # Only scheme://host:port is ever logged (seed 004 URLs may carry tokens in the path).
+        super().__init__(
+            f"{redact_url(url)}: unreachable after {attempts} attempt(s): {last_error}"
+        )
         self.url = url
         self.attempts = attempts
         self.last_error = last_error
@@ -116,7 +120,7 @@ class AppLink:
             return
         action = self._keepalive.on_timer(self._clock.now())
         if action is KeepaliveAction.DEAD:
-            log.warning("app link %s: nothing heard for 30 s; dropping it", self.url)
+            log.warning("app link %s: nothing heard for 30 s; dropping it", redact_url(self.url))
             self._client.abort()
             self._gone_with("timeout")
             return
@@ -148,7 +152,7 @@ class AppLink:
             return
         client.send_text(data)
         if client.write_buffer_bytes > DEAD_ABOVE_BYTES:
-            log.warning("app link %s: peer stopped reading; dropping it", self.url)
+            log.warning("app link %s: peer stopped reading; dropping it", redact_url(self.url))
             client.abort()
             self._gone_with("slow")
 
@@ -161,7 +165,7 @@ class AppLink:
             self.audio_dropped_frames += 1
             if not self._drop_logged:
                 self._drop_logged = True
-                log.warning("app link %s is slow: dropping audio frames", self.url)
+                log.warning("app link %s is slow: dropping audio frames", redact_url(self.url))
             return False
         client.send_binary(data)
         return True

@@ -1,22 +1,26 @@
-"""The per-call engine: one carrier leg, one app session, one output queue.
+"""The per-call engine: one carrier leg, one app session at a time, one output queue.
 
 Theory of operation
 -------------------
-A call is born when a carrier offers it (the Twilio webhook, a SIP INVITE). ``connect_app`` dials
-the routed app (seed 004: signed, retried for 2.5 s, then the app's fallback: another app or a
-message spoken by the gateway). When the carrier's media arrives, ``attach_carrier`` opens the
-session: ``session.start`` goes out and the call is live.
+A call is born when a carrier offers it (the Twilio webhook, a SIP INVITE). ``connect_app``
+dials the routed app (seed 004: signed, retried for 2.5 s, then the app's fallback: another app
+or a message spoken by the gateway). When the carrier's media arrives, ``attach_carrier`` opens
+the session: ``session.start`` goes out and the call is live.
 
 From then on three things drive it, all on the event loop and none of them waiting on a peer:
 
 * app frames (``on_app_text`` / ``on_app_binary``), handled by ``commands.CommandHandler``;
 * carrier events (caller audio, keypresses, the caller hanging up);
-* the process-wide media clock, whose tick pulls the next 20 ms frame from the output queue and
-  hands it to the carrier leg, emitting ``output.*`` and ``mark`` events as items are heard.
+* the process-wide media clock, whose tick pulls the next 20 ms frame from the output queue (or,
+  on hold, from the hold music) and hands it to the carrier leg, emitting ``output.*`` and
+  ``mark`` events as items are heard.
+
+A handoff replaces the app session (and its listeners) while the call and the carrier leg stay
+up: a new ``sessionRef``, a new ``session.start`` carrying the payload.
 
 Everything that can fail in one call is caught at this class's boundaries (one exception ends at
-most this call, never another), and ``end`` is the single way out: ``session.end`` to the app,
-the carrier hung up, the registry told.
+most this call, never another), and ``end`` is the single way out: ``session.end`` to the app and
+its listeners, the carrier hung up (or let go after a transfer), the registry told.
 """
 
 from __future__ import annotations
@@ -26,14 +30,19 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from appbridge.apps.link import AppLink, AppUnreachable, dial
+from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.commands import CommandHandler
+from appbridge.calls.control import CallControl
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
-from appbridge.media.codecs import AudioFormat, Converter
+from appbridge.media.codecs import AudioFormat
 from appbridge.media.output_queue import OutputQueue
+from appbridge.media.reframe import FrameConverter
+from appbridge.net.plaintext import redact_url
 from appbridge.protocol import session_v1 as sv1
 
 if TYPE_CHECKING:
@@ -44,6 +53,15 @@ log = logging.getLogger(__name__)
 INBOUND_TRACK = 1
 OUTBOUND_TRACK = 2
 MAX_FALLBACK_HOPS = 4
+
+
+@dataclass
+class DialResult:
+    """What dialing an app (and its fallbacks) came to: a link, a message to speak, or nothing."""
+
+    app: AppConfig | None = None
+    link: AppLink | None = None
+    message: str | None = None
 
 
 class Call:
@@ -74,18 +92,21 @@ class Call:
         self.started_wall = gw.clock.wall()
         self.ended_wall: float | None = None
         self.link: AppLink | None = None
+        self.listeners: ListenerSet | None = None
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
+        self.hold_queue: OutputQueue | None = None  # music while on hold; None otherwise
         self.fallback_message: str | None = None
         self.session_format = AudioFormat(app.audio.codec, app.audio.rate)
+        self.control = CallControl()
         self.commands = CommandHandler(self)
         self._clock_key: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ending = False
-        self._in_conv: Converter | None = None
-        self._in_frame_bytes = 0
-        self._in_pending = bytearray()
+        self._in_conv: FrameConverter | None = None
+        self._out_conv: FrameConverter | None = None  # carrier → session format, for listeners
         self._track_prefix = bytes([INBOUND_TRACK])
+        self._outbound_prefix = bytes([OUTBOUND_TRACK])
         self.ended = asyncio.Event()
         self.frames_in = 0
         self.frames_out = 0
@@ -104,6 +125,8 @@ class Call:
             "ended": _iso(self.ended_wall) if self.ended_wall else None,
             "state": self.state,
             "endReason": self.end_reason,
+            "onHold": self.control.on_hold,
+            "handoffs": self.control.handoffs,
         }
 
     # -- tasks ------------------------------------------------------------------------------
@@ -122,10 +145,9 @@ class Call:
             log.error("call %s: task %s failed", self.call_ref, task.get_name(), exc_info=exc)
             self.spawn(self.end("error"), "end-after-failure")
 
-    # -- phase 1: reach the app -------------------------------------------------------------
-    async def connect_app(self) -> bool:
-        """Dial the app, following fallbacks. True when the call should be answered."""
-        app: AppConfig | None = self.app
+    # -- reaching an app --------------------------------------------------------------------
+    async def dial_app(self, app: AppConfig | None) -> DialResult:
+        """Dial ``app``, following its fallback rules (seed 004, "Connecting")."""
         hops = 0
         while app is not None:
             try:
@@ -136,81 +158,122 @@ class Call:
                     ssl_context=self.gw.ssl_context,
                 )
             except AppUnreachable as exc:
-                log.warning("call %s: app %s unreachable: %s", self.call_ref, app.ref, exc)
+                log.warning(
+                    "call %s: app %s (%s) unreachable after %d attempt(s): %s",
+                    self.call_ref,
+                    app.ref,
+                    redact_url(app.url),
+                    exc.attempts,
+                    exc.last_error,
+                )
                 self.gw.metrics.app_unreachable += 1
                 fallback = app.fallback
                 hops += 1
                 if fallback is not None and fallback.message:
-                    self.fallback_message = fallback.message
-                    return True
+                    return DialResult(app=app, message=fallback.message)
                 if fallback is not None and fallback.app and hops < MAX_FALLBACK_HOPS:
                     app = self.config.apps.get(fallback.app)
                     continue
-                return False
-            if self._ending:
-                link.close(1001, "call ended")
-                return False
-            self.link = link
-            if app is not self.app:
-                self.app = app
-                self.session_format = AudioFormat(app.audio.codec, app.audio.rate)
+                return DialResult()
+            return DialResult(app=app, link=link)
+        return DialResult()
+
+    async def connect_app(self) -> bool:
+        """Dial the routed app. True when the call should be answered."""
+        result = await self.dial_app(self.app)
+        if self._ending:
+            if result.link is not None:
+                result.link.close(1001, "call ended")
+            return False
+        if result.link is not None and result.app is not None:
+            self.link = result.link
+            self._use_app(result.app)
+            return True
+        if result.message is not None:
+            self.fallback_message = result.message
             return True
         return False
 
-    # -- phase 2: the carrier's media is here -------------------------------------------------
+    def _use_app(self, app: AppConfig) -> None:
+        self.app = app
+        fmt = AudioFormat(app.audio.codec, app.audio.rate)
+        if fmt != self.session_format:
+            self.session_format = fmt
+            if self.leg is not None:
+                self._build_converters(self.leg.audio_format)
+                self.commands.on_session_format(fmt)
+
+    def _build_converters(self, carrier_fmt: AudioFormat) -> None:
+        self._in_conv = FrameConverter(carrier_fmt, self.session_format)
+        self._out_conv = FrameConverter(carrier_fmt, self.session_format)
+
+    # -- the carrier's media is here -----------------------------------------------------------
     def attach_carrier(self, leg: CarrierLeg) -> None:
         self.leg = leg
         fmt = leg.audio_format
         self.queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
         self.commands.on_queue_ready(self.queue, fmt)
-        self._in_conv = Converter(fmt, self.session_format)
-        self._in_frame_bytes = self.session_format.frame_bytes(20)
+        self._build_converters(fmt)
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
         if self.link is not None:
-            self._start_session()
+            self._start_session(handoff=None)
         elif self.fallback_message is not None:
             self.state = "fallback"
             self.commands.speak_fallback(self.fallback_message)
         else:
             self.spawn(self.end("error"), "end-no-app")
 
-    def _start_session(self) -> None:
+    def _start_session(self, handoff: Any) -> None:
         assert self.link is not None
         self.session_ref = str(uuid.uuid4())
         self.state = "active"
         fmt = self.session_format
         codec = cast(sv1.Codec, fmt.codec)
         rate = cast(sv1.RateHz, fmt.rate_hz)
-        start = sv1.SessionStart(
-            session_ref=self.session_ref,
-            call_ref=self.call_ref,
-            app_ref=self.app.ref,
-            direction=self.direction,
-            from_=self.from_,
-            to=self.to,
-            metadata=self.metadata,
-            handoff=None,
-            audio=sv1.AudioFormat(codec=codec, rate=rate),
-            tracks=[
-                sv1.Track(id=INBOUND_TRACK, side="inbound", kind="audio", codec=codec),
-                sv1.Track(id=OUTBOUND_TRACK, side="outbound", kind="audio", codec=codec),
-            ],
-            speech=sv1.SpeechDefaults(
-                voice=self.app.speech.voice, language=self.app.speech.language
-            ),
+        start = sv1.encode_event(
+            sv1.SessionStart(
+                session_ref=self.session_ref,
+                call_ref=self.call_ref,
+                app_ref=self.app.ref,
+                direction=self.direction,
+                from_=self.from_,
+                to=self.to,
+                metadata=self.metadata,
+                handoff=handoff,
+                audio=sv1.AudioFormat(codec=codec, rate=rate),
+                tracks=[
+                    sv1.Track(id=INBOUND_TRACK, side="inbound", kind="audio", codec=codec),
+                    sv1.Track(id=OUTBOUND_TRACK, side="outbound", kind="audio", codec=codec),
+                ],
+                speech=sv1.SpeechDefaults(
+                    voice=self.app.speech.voice, language=self.app.speech.language
+                ),
+            )
         )
-        self.send_event(start)
+        self.link.send_control(start)
         self.link.attach(self)
+        if self.app.listeners:
+            self.listeners = ListenerSet(
+                self.app.listeners,
+                secret=self.app.signing_secret,
+                clock=self.gw.clock,
+                ssl_context=self.gw.ssl_context,
+            )
+            self.listeners.start(start)
 
-    # -- to the app ---------------------------------------------------------------------------
+    # -- to the app (and its listeners) ------------------------------------------------------------
     def send_event(self, event: Any) -> None:
-        if self.link is not None:
-            self.link.send_control(sv1.encode_event(event))
+        self.send_raw_event(sv1.encode_event(event))
 
     def send_error(self, code: sv1.ErrorCode, message: str, relates_to: str) -> None:
+        self.send_raw_event(sv1.error_event(code, message, relates_to))
+
+    def send_raw_event(self, data: bytes) -> None:
         if self.link is not None:
-            self.link.send_control(sv1.error_event(code, message, relates_to))
+            self.link.send_control(data)
+        if self.listeners is not None:
+            self.listeners.send_event(data)
 
     # -- app link events ----------------------------------------------------------------------
     def on_app_text(self, data: bytes) -> None:
@@ -237,43 +300,123 @@ class Call:
     def on_carrier_audio(self, payload: bytes) -> None:
         self.frames_in += 1
         link = self.link
-        if link is None or self.state != "active" or self.commands.on_hold:
-            return
+        if link is None or self.state != "active" or self.control.on_hold:
+            return  # INTERFACES §6: on hold the app receives no caller frames at all
         conv = self._in_conv
         assert conv is not None
-        data = conv.convert(payload)
-        size = self._in_frame_bytes
-        pending = self._in_pending
-        if not pending and len(data) == size:  # the steady state: one carrier frame, one app frame
-            link.send_audio(self._track_prefix + data)
-            return
-        # Resamplers start a sample short and carriers may send odd sizes: reframe to exact 20 ms.
-        pending += data
-        while len(pending) >= size:
-            link.send_audio(self._track_prefix + bytes(pending[:size]))
-            del pending[:size]
+        prefix = self._track_prefix
+        for frame in conv.convert(payload):
+            self._send_inbound(link, prefix + frame)
+
+    def _send_inbound(self, link: AppLink, frame: bytes) -> None:
+        link.send_audio(frame)
+        if self.listeners is not None:
+            self.listeners.send_inbound(frame)
 
     def on_carrier_dtmf(self, digit: str) -> None:
+        # Keypresses arrive at any time, on hold too (seed 004 ``hold``).
         if self.state == "active":
             self.send_event(sv1.DtmfEvent(digit=digit))
 
     def on_carrier_hangup(self) -> None:
+        # After a transfer the carrier lets go of the stream: that is the transfer's end.
+        if self.control.transfer_pending is not None:
+            self.spawn(self.end("transfer", carrier_gone=True), "end-transferred")
+            return
         self.spawn(self.end("caller_hangup", carrier_gone=True), "end-caller-hangup")
 
     # -- the media clock ------------------------------------------------------------------------
     def _on_tick(self, tick: int) -> None:
-        queue = self.queue
         leg = self.leg
+        queue = self.hold_queue if self.hold_queue is not None else self.queue
         if queue is None or leg is None:
             return
+        listeners = self.listeners
+        outbound = listeners is not None and listeners.wants_outbound
+        sent = False
         for _ in range(leg.frames_wanted(not queue.is_empty)):
             frame, events = queue.pull_frame()
-            if events:
+            if events and queue is self.queue:
                 self.commands.on_output_events(events)
             if frame is None:
                 break
             self.frames_out += 1
             leg.send_frame(frame)
+            if outbound:
+                self._send_outbound(frame)
+                sent = True
+        if outbound and not sent and self.queue is not None:
+            # Listeners of the outbound track get a continuous timeline: silence when idle.
+            self._send_outbound(self.queue.silence_frame)
+
+    def _send_outbound(self, frame: bytes) -> None:
+        assert self.listeners is not None and self._out_conv is not None
+        for converted in self._out_conv.convert(frame):
+            self.listeners.send_outbound(self._outbound_prefix + converted)
+
+    # -- call control ---------------------------------------------------------------------------
+    def start_hold(self, music: OutputQueue) -> None:
+        self.hold_queue = music
+        if self.leg is not None:
+            self.leg.clear_output()
+
+    def stop_hold(self) -> None:
+        self.hold_queue = None
+        if self.leg is not None:
+            self.leg.clear_output()
+
+    async def handoff(self, target_ref: str, payload: Any, command_id: str | None) -> None:
+        """Seed 004 ``handoff``: the call and the carrier leg stay up; only the app link changes."""
+        relates_to = command_id or "handoff"
+        target = self.config.apps.get(target_ref)
+        if target is None:
+            self.send_error("bad_message", f"handoff: unknown app {target_ref!r}", relates_to)
+            return
+        limit = self.control.begin_handoff()
+        if limit is not None:
+            self.send_error("bad_message", f"handoff: {limit}", relates_to)
+            return
+        result = await self.dial_app(target)
+        if self._ending:
+            self.control.end_handoff(False)
+            if result.link is not None:
+                result.link.close(1001, "call ended")
+            return
+        if result.link is None and result.message is None:
+            self.control.end_handoff(False)
+            self.send_error(
+                "internal",
+                f"handoff: app {target_ref!r} and its fallbacks are unreachable",
+                relates_to,
+            )
+            return
+        self.control.end_handoff(True)
+        self._close_session("handoff", command_id)
+        self.commands.reset_output()
+        if self.control.resume():
+            self.stop_hold()
+        if result.link is not None and result.app is not None:
+            self.link = result.link
+            self._use_app(result.app)
+            self._start_session(handoff=payload)
+            log.info("call %s handed off to %s", self.call_ref, result.app.ref)
+        else:
+            assert result.message is not None
+            self.state = "fallback"
+            self.commands.speak_fallback(result.message)
+
+    def _close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
+        """``session.end`` to the app and its listeners, then close them."""
+        end = sv1.encode_event(sv1.SessionEnd(reason=reason, id=command_id))
+        link = self.link
+        if link is not None:
+            if self.session_ref is not None:
+                link.send_control(end)
+            link.close(1000, reason)
+            self.link = None
+        if self.listeners is not None:
+            self.listeners.close(end if self.session_ref is not None else None)
+            self.listeners = None
 
     # -- the one way out ------------------------------------------------------------------------
     async def end(
@@ -297,14 +440,16 @@ class Call:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        link = self.link
-        if link is not None:
-            if not app_gone and self.session_ref is not None:
-                link.send_control(sv1.encode_event(sv1.SessionEnd(reason=reason, id=command_id)))
-            link.close(1000, reason)
+        if app_gone and self.link is not None:
+            self.link.close(1000, reason)
+            self.link = None
+        self._close_session(reason, command_id)
         if self.leg is not None and not carrier_gone:
             try:
-                await self.leg.hangup()
+                if reason == "transfer":
+                    await self.leg.close()  # the carrier bridges the caller on; never end it
+                else:
+                    await self.leg.hangup()
             except Exception:
                 log.exception("call %s: carrier hang-up failed", self.call_ref)
         self.state = "ended"

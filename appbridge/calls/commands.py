@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from appbridge.carriers.base import TransferError
 from appbridge.media.codecs import AudioFormat, Converter
+from appbridge.media.dtmf import dtmf_pcm16
 from appbridge.media.fetch import FetchError, fetch_audio
 from appbridge.media.output_queue import (
     MarkReached,
@@ -44,8 +46,7 @@ MAX_AUDIO_FRAME_BYTES = 1024 * 1024
 SENTENCE_SOFT_LIMIT_CHARS = 160
 _SENTENCE_END = re.compile(r"[.!?;:](?:[\"')\]]*)\s")
 
-# Commands of a later issue (call control). Until they land they are answered plainly.
-_NOT_YET = (sv1.DtmfSend, sv1.Transfer, sv1.TransferComplete, sv1.Hold, sv1.Resume, sv1.Handoff)
+_E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
 
 
 @dataclass
@@ -73,7 +74,7 @@ class CommandHandler:
         self._mark_seq = 0
         self._internal_items: set[str] = set()
         self._raw_full_reported = False
-        self.on_hold = False
+        self._hold_audio_reported = False
         self.subscriptions: set[str] = set()
         self.listen_language: str | None = None
         self.listen_hints: list[str] = []
@@ -84,6 +85,21 @@ class CommandHandler:
         self.queue = queue
         self.out_format = out_format
         self._raw_conv = Converter(self.call.session_format, out_format)
+
+    def on_session_format(self, session_format: AudioFormat) -> None:
+        """A handoff brought an app with another audio format."""
+        if self.out_format is not None:
+            self._raw_conv = Converter(session_format, self.out_format)
+
+    def reset_output(self) -> None:
+        """A handoff: the old app's output is dropped, its events go nowhere."""
+        if self.queue is not None:
+            self.queue.clear()
+            if self.call.leg is not None:
+                self.call.leg.clear_output()
+        self.shutdown()
+        self._cleared_streams.clear()
+        self._marks.clear()
 
     def shutdown(self) -> None:
         for utt in self._utterances.values():
@@ -114,7 +130,12 @@ class CommandHandler:
                 "audio",
             )
             return
-        if self.on_hold:
+        if self.call.control.on_hold:
+            if not self._hold_audio_reported:
+                self._hold_audio_reported = True
+                self.call.send_error(
+                    "on_hold", "audio is dropped while the caller is on hold", "audio"
+                )
             return
         try:
             queue.append_raw(conv.convert(data))
@@ -127,6 +148,12 @@ class CommandHandler:
 
     # -- commands ----------------------------------------------------------------------------------
     def dispatch(self, cmd: sv1.Command) -> None:
+        kind = str(cmd.__struct_config__.tag)
+        refused = self.call.control.gate(kind)
+        if refused is not None:
+            code, message = refused
+            self.call.send_error(code, message, cmd.id or kind)  # type: ignore[arg-type]
+            return
         if isinstance(cmd, sv1.Speak):
             self._speak(cmd)
         elif isinstance(cmd, sv1.Play):
@@ -141,11 +168,21 @@ class CommandHandler:
             self.subscriptions.update(cmd.events)
         elif isinstance(cmd, sv1.ListenUpdate):
             self._listen_update(cmd)
-        elif isinstance(cmd, _NOT_YET):
+        elif isinstance(cmd, sv1.DtmfSend):
+            self._dtmf_send(cmd)
+        elif isinstance(cmd, sv1.Hold):
+            self._hold(cmd)
+        elif isinstance(cmd, sv1.Resume):
+            if self.call.control.resume():
+                self._hold_audio_reported = False
+                self.call.stop_hold()
+        elif isinstance(cmd, sv1.Handoff):
+            self.call.spawn(self.call.handoff(cmd.app, cmd.payload, cmd.id), "handoff")
+        elif isinstance(cmd, sv1.Transfer):
+            self.call.spawn(self._transfer(cmd), "transfer")
+        elif isinstance(cmd, sv1.TransferComplete):
             self.call.send_error(
-                "feature_not_supported",
-                f"{cmd.__struct_config__.tag} is not available in this build yet",
-                cmd.id or str(cmd.__struct_config__.tag),
+                "bad_message", "transfer.complete: no warm transfer is under way", cmd.id
             )
 
     def _speak(self, cmd: sv1.Speak) -> None:
@@ -304,6 +341,94 @@ class CommandHandler:
             if utt.wake is not None:
                 utt.wake.set()
         self.emit(events)
+
+    def _dtmf_send(self, cmd: sv1.DtmfSend) -> None:
+        """Keypresses on the call: out of band where the carrier can, else in-band tones that
+        take their place in the output queue (seed 004 ``dtmf.send``)."""
+        leg, queue, out_format = self.call.leg, self.queue, self.out_format
+        if leg is None or queue is None or out_format is None:
+            return
+        if leg.send_dtmf(cmd.digits):
+            return
+        pcm = dtmf_pcm16(cmd.digits, 8000)
+        audio = Converter(AudioFormat("pcm16", 8000), out_format).convert(pcm)
+        item_id = self._new_id()
+        self._internal_items.add(item_id)
+        self.emit(queue.add_item(item_id))
+        try:
+            queue.append_audio(item_id, audio)
+        except QueueFull:
+            self._fail_item(item_id, "queue_full", "more than 120 s of output is queued")
+            self.call.send_error(
+                "queue_full", "more than 120 s of output is queued", cmd.id or "dtmf.send"
+            )
+            return
+        self.emit(queue.close_item(item_id))
+
+    def _hold(self, cmd: sv1.Hold) -> None:
+        """The caller hears ``music`` (looped) or silence; the app's queue waits untouched."""
+        out_format = self.out_format
+        if out_format is None or not self.call.control.hold():
+            return
+        music = OutputQueue(out_format.frame_bytes(20), out_format.silence(20))
+        self.call.start_hold(music)
+        if cmd.music:
+            self.call.spawn(self._fetch_music(music, cmd.music, cmd.id), "hold-music")
+
+    async def _fetch_music(self, music: OutputQueue, url: str, command_id: str | None) -> None:
+        out_format = self.out_format
+        assert out_format is not None
+        try:
+            audio = await fetch_audio(self.call.gw.http, url, self.call.config.media)
+        except FetchError as exc:
+            self.call.send_error(
+                "play_fetch_failed", f"hold music {url}: {exc}", command_id or "hold"
+            )
+            return
+        data = Converter(AudioFormat("pcm16", audio.rate_hz), out_format).convert(audio.pcm16)
+        music.add_item("music", loop=True)
+        try:
+            music.append_audio("music", data)
+        except QueueFull:
+            self.call.send_error(
+                "queue_full", "hold music is longer than 120 s", command_id or "hold"
+            )
+            return
+        music.close_item("music")
+
+    async def _transfer(self, cmd: sv1.Transfer) -> None:
+        """Seed 004 ``transfer``; INTERFACES §6 "Transfer targets"."""
+        call = self.call
+        relates_to = cmd.id or "transfer"
+        leg = call.leg
+        if leg is None:
+            return
+        if not self._transfer_target_ok(cmd.to):
+            call.send_error(
+                "transfer_failed",
+                f"transfer: {cmd.to!r} is neither an E.164 number "
+                "nor a sip: URI of a configured trunk",
+                relates_to,
+            )
+            return
+        call.control.transfer_pending = cmd.mode
+        try:
+            await leg.transfer(cmd.to, cmd.mode, cmd.headers, cmd.music)
+        except TransferError as exc:
+            call.control.transfer_pending = None
+            call.send_error(exc.code, str(exc), relates_to)  # type: ignore[arg-type]
+            return
+        await call.end("transfer", cmd.id)
+
+    def _transfer_target_ok(self, target: str) -> bool:
+        if _E164.match(target):
+            return True
+        if target.startswith("sip:"):
+            host = target[4:].split("@", 1)[-1].split(";", 1)[0].split("?", 1)[0]
+            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+            sip = self.call.config.sip
+            return sip is not None and any(t.host == host for t in sip.trunks)
+        return False
 
     def _listen_update(self, cmd: sv1.ListenUpdate) -> None:
         if cmd.language is not None:

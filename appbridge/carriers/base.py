@@ -42,6 +42,29 @@ class CarrierLeg(Protocol):
         """Drop audio already handed over but not yet played (Twilio ``clear``)."""
         ...
 
+    def send_dtmf(self, digits: str) -> bool:
+        """Signal keypresses out of band (RFC 4733 on SIP). False: the carrier cannot, and the
+        engine plays in-band tones through the output queue instead (Twilio streams)."""
+        ...
+
+    async def transfer(
+        self, target: str, mode: str, headers: dict[str, str] | None, music: str | None
+    ) -> None:
+        """Hand the caller to ``target``; raise :class:`TransferError` when that fails."""
+        ...
+
     async def hangup(self) -> None:
         """End the call on the carrier side. Safe to call twice."""
         ...
+
+    async def close(self) -> None:
+        """Let go of the carrier's media without ending the call (after a transfer)."""
+        ...
+
+
+class TransferError(Exception):
+    """``code`` is the seed's error code: ``transfer_failed`` or ``feature_not_supported``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -18,12 +18,12 @@ import asyncio
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
 import httpx
 
-from appbridge.carriers.base import CarrierEvents
+from appbridge.carriers.base import CarrierEvents, TransferError
 from appbridge.config import TwilioCarrierConfig
 from appbridge.media.codecs import PCMU_8K, AudioFormat
 from appbridge.media.pacing import LeadPacer
@@ -126,7 +126,10 @@ class TwilioLeg:
         self.pacer.on_cleared()
         # Audio not yet written is as good as cleared: drop it before it reaches Twilio.
         if self._pending_audio:
-            self._outbox = deque(item for item in self._outbox if not item[0])
+            # In place: the writer task holds this very deque.
+            kept = [item for item in self._outbox if not item[0]]
+            self._outbox.clear()
+            self._outbox.extend(kept)
             self._pending_audio = 0
         self._enqueue(False, TwilioAppSideWriter.clear(self.stream_sid))
 
@@ -163,6 +166,42 @@ class TwilioLeg:
             self.closed = True
 
     # -- control ---------------------------------------------------------------------------------
+    def send_dtmf(self, digits: str) -> bool:
+        return False  # a Media Stream carries audio only: the engine plays in-band tones
+
+    async def transfer(
+        self, target: str, mode: str, headers: dict[str, str] | None, music: str | None
+    ) -> None:
+        """Cold transfer through Twilio's REST API: the call's TwiML becomes ``<Dial>``.
+
+        Twilio then sends ``stop`` on this stream and bridges the caller to the target. ``warm``
+        and ``refer`` need a second leg or SIP signalling, which a Media Stream has not.
+        """
+        if mode != "cold":
+            raise TransferError(
+                "feature_not_supported", f"{mode} transfers are not available on Twilio calls"
+            )
+        if self._rest is None or not self._rest.usable:
+            raise TransferError(
+                "transfer_failed", "carriers.twilio.auth_token is needed to transfer Twilio calls"
+            )
+        twiml = twiml_dial(target, headers)
+        try:
+            resp = await self._rest.update_call(self.call_sid, {"Twiml": twiml})
+        except httpx.HTTPError as exc:
+            raise TransferError("transfer_failed", f"Twilio's API failed: {exc}") from None
+        if resp.status_code >= 400:
+            detail = ""
+            try:
+                body = resp.json()
+                detail = f": {body.get('code')} {body.get('message')}"
+            except ValueError:
+                pass
+            raise TransferError(
+                "transfer_failed", f"Twilio refused the transfer (HTTP {resp.status_code}{detail})"
+            )
+        self._hung_up = True  # the call goes on, bridged by Twilio: never complete it now
+
     async def hangup(self) -> None:
         if self._hung_up:
             return
@@ -201,6 +240,20 @@ def twiml_stream(stream_url: str, params: dict[str, str]) -> str:
         f"<Response><Connect><Stream url={quoteattr(stream_url)}>{inner}</Stream>"
         "</Connect></Response>"
     )
+
+
+def twiml_dial(target: str, headers: dict[str, str] | None) -> str:
+    """``<Dial>`` to an E.164 number, or to a SIP URI with custom headers as URI parameters
+    (Twilio's ``<Sip>`` takes ``X-`` headers in the URI's query)."""
+    if target.startswith("sip:"):
+        uri = target
+        if headers:
+            query = "&".join(f"{name}={quote(value, safe='')}" for name, value in headers.items())
+            uri = f"{uri}{'&' if '?' in uri else '?'}{query}"
+        inner = f"<Sip>{escape(uri)}</Sip>"
+    else:
+        inner = f"<Number>{escape(target)}</Number>"
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{inner}</Dial></Response>'
 
 
 def twiml_say_hangup(text: str) -> str:

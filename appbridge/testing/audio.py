@@ -144,3 +144,31 @@ def ulaw_decode(ulaw: bytes) -> bytes:
 def is_silent_ulaw(ulaw: bytes, threshold_rms: float = 100.0) -> bool:
     """Whether µ-law audio decodes quieter than ``threshold_rms`` (empty counts as silent)."""
     return rms_pcm16(ulaw_decode(ulaw)) < threshold_rms
+
+
+# The DTMF keypad (ITU-T Q.23), written out here independently of the gateway's generator.
+_DTMF_ROWS_HZ = (697, 770, 852, 941)
+_DTMF_COLS_HZ = (1209, 1336, 1477, 1633)
+_DTMF_KEYS = ("123A", "456B", "789C", "*0#D")
+
+
+def decode_dtmf(pcm16: bytes, rate_hz: int, block_ms: int = 20) -> str:
+    """A Goertzel DTMF decoder: one digit per run of blocks in which one row tone and one column
+    tone each stand 10 dB above the rest of their group (a twist-tolerant, standard detector)."""
+    samples = np.frombuffer(pcm16[: len(pcm16) // 2 * 2], dtype="<i2")
+    n = rate_hz * block_ms // 1000
+    out: list[str] = []
+    previous: str | None = None
+    for start in range(0, len(samples) - n + 1, n):
+        block = samples[start : start + n].tobytes()
+        rows = [goertzel_power(block, rate_hz, f) for f in _DTMF_ROWS_HZ]
+        cols = [goertzel_power(block, rate_hz, f) for f in _DTMF_COLS_HZ]
+        energy = float(np.sum(samples[start : start + n].astype(np.float64) ** 2))
+        r, c = int(np.argmax(rows)), int(np.argmax(cols))
+        digit = None
+        if energy > 1e6 and sorted(rows)[-2] * 10 < rows[r] and sorted(cols)[-2] * 10 < cols[c]:
+            digit = _DTMF_KEYS[r][c]
+        if digit is not None and digit != previous:
+            out.append(digit)
+        previous = digit
+    return "".join(out)
