@@ -1,0 +1,222 @@
+"""From the fakes' recordings of one step to the figures of the table (bench/README.md).
+
+Reads :class:`~appbridge.testing.fake_twilio.FakeTwilioCall` and :class:`bench.talker.AppScript`
+after the calls have hung up; only what happened inside the hold window counts (the ramp and
+the hang-up are excluded). The pure pieces are in :mod:`bench.measure`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from appbridge.testing.fake_twilio import FakeTwilioCall
+from bench.measure import (
+    FRAME_S,
+    BurstOutcome,
+    audio_frames_between,
+    burst_frames_lost,
+    caller_jitter_ms,
+    inbound_latencies_ms,
+    playing_at,
+)
+from bench.report import Summary, summarize
+from bench.talker import AppScript
+
+__all__ = ["CallerFigures", "analyse_calls"]
+
+INBOUND_TRACK_ID = 1
+#: A burst counts when the window still held it whole: sent this long before the window closed.
+BURST_TAIL_S = 3.0
+
+
+def _b64_len(payload: str) -> int:
+    """Decoded length of a base64 string, without decoding it (RFC 4648 §4)."""
+    return len(payload) // 4 * 3 - payload[-2:].count("=") if payload else 0
+
+
+@dataclass
+class CallerFigures:
+    """Everything measured at the callers and apps during one hold window."""
+
+    jitter_ms: list[float] = field(default_factory=list)
+    clear_to_silence_ms: list[float] = field(default_factory=list)
+    clears_while_silent: int = 0
+    clears_sent: int = 0  # by the apps, in the window
+    clears_at_caller: int = 0  # of those, how many reached the caller as Twilio ``clear``
+    inbound_latency_ms: list[float] = field(default_factory=list)
+    inbound_unpaired_calls: int = 0
+    inbound_frames_sent: int = 0
+    inbound_frames_received: int = 0
+    bursts_measured: int = 0
+    frames_expected: int = 0
+    frames_lost: int = 0
+    frames_extra: int = 0
+    expected_by_kind: dict[str, int] = field(default_factory=dict)
+    lost_by_kind: dict[str, int] = field(default_factory=dict)
+    bursts_silent: int = 0  # bursts of which not one frame reached the caller
+    calls_with_silent_bursts: int = 0
+    marks_missing: int = 0
+    done_missing: int = 0
+    gateway_errors: dict[str, int] = field(default_factory=dict)
+    caller_protocol_errors: int = 0
+    app_protocol_errors: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """Everything, samples included (rounded to µs), for the trip from a worker process."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, list):
+                out[key] = [round(v, 3) for v in value]
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> CallerFigures:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def merge(self, other: CallerFigures) -> None:
+        """Add another worker's figures to these (samples pooled, counts summed)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, dict):
+                for key, count in theirs.items():
+                    mine[key] = mine.get(key, 0) + count
+            else:
+                setattr(self, f.name, mine + theirs)
+
+    def summaries(self) -> dict[str, Summary]:
+        return {
+            "caller_jitter_ms": summarize(self.jitter_ms),
+            "clear_to_silence_ms": summarize(self.clear_to_silence_ms),
+            "inbound_latency_ms": summarize(self.inbound_latency_ms),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: v.as_dict() for k, v in self.summaries().items()}
+        out.update(
+            clears_measured=len(self.clear_to_silence_ms),
+            clears_while_silent=self.clears_while_silent,
+            clears_sent=self.clears_sent,
+            clears_at_caller=self.clears_at_caller,
+            inbound_unpaired_calls=self.inbound_unpaired_calls,
+            inbound_frames_sent=self.inbound_frames_sent,
+            inbound_frames_received=self.inbound_frames_received,
+            bursts_measured=self.bursts_measured,
+            frames_expected=self.frames_expected,
+            frames_lost=self.frames_lost,
+            frames_extra=self.frames_extra,
+            expected_by_kind=dict(self.expected_by_kind),
+            lost_by_kind=dict(self.lost_by_kind),
+            bursts_silent=self.bursts_silent,
+            calls_with_silent_bursts=self.calls_with_silent_bursts,
+            marks_missing=self.marks_missing,
+            output_done_missing=self.done_missing,
+            gateway_errors=dict(self.gateway_errors),
+            caller_protocol_errors=self.caller_protocol_errors,
+            app_protocol_errors=self.app_protocol_errors,
+        )
+        return out
+
+
+def _expected_frames(script: AppScript, burst_index: int) -> int | None:
+    burst = script.bursts[burst_index]
+    if burst.audio_ms is not None:
+        return math.ceil(burst.audio_ms / (FRAME_S * 1000))
+    for _, msg in script.events("output.done"):
+        if msg.get("id") == burst.item_id and isinstance(msg.get("heardMs"), int | float):
+            return math.ceil(float(msg["heardMs"]) / (FRAME_S * 1000))
+    return None
+
+
+def _analyse_one(
+    call: FakeTwilioCall, script: AppScript, window: tuple[float, float], out: CallerFigures
+) -> None:
+    t0, t1 = window
+    media: list[tuple[float, int]] = []
+    for t, msg in call.received:
+        if msg.get("event") == "media":
+            body = msg.get("media")
+            payload = body.get("payload") if isinstance(body, dict) else None
+            media.append((t, _b64_len(payload) if isinstance(payload, str) else 0))
+    out.jitter_ms += caller_jitter_ms([t for t, _ in media if t0 <= t < t1])
+    out.caller_protocol_errors += len(call.protocol_errors)
+    out.app_protocol_errors += len(script.session.protocol_errors)
+
+    # Inbound: caller media sent -> the app's binary frame on the inbound track.
+    sent = [t for t, msg in call.sent if msg.get("event") == "media"]
+    session = script.session
+    received = [
+        t
+        for t, frame in zip(session.audio_times, session.audio, strict=True)
+        if frame[:1] == bytes([INBOUND_TRACK_ID])
+    ]
+    out.inbound_frames_sent += sum(1 for t in sent if t0 <= t < t1)
+    out.inbound_frames_received += sum(1 for t in received if t0 <= t < t1)
+    latencies = inbound_latencies_ms(sent, received, window=window)
+    if latencies is None:
+        out.inbound_unpaired_calls += 1
+    else:
+        out.inbound_latency_ms += latencies
+
+    for _, msg in script.events("error"):
+        code = str(msg.get("code"))
+        out.gateway_errors[code] = out.gateway_errors.get(code, 0) + 1
+
+    marks = {str(m.get("name")): m for _, m in script.events("mark")}
+    heard = call.heard_frames()
+    bursts = script.bursts
+    outcomes: list[BurstOutcome] = []
+    silent_bursts = 0
+    for i, burst in enumerate(bursts):
+        if not (t0 <= burst.sent_at and burst.sent_at + BURST_TAIL_S <= t1):
+            continue
+        out.bursts_measured += 1
+        mark = marks.get(burst.mark_name)
+        if burst.clear_at is not None:
+            out.clears_sent += 1
+            # Seed 004 via INTERFACES §6: the gateway passes a clear on to Twilio.
+            if any(burst.clear_at <= t < burst.clear_at + BURST_TAIL_S for t in call.clear_times):
+                out.clears_at_caller += 1
+            if playing_at(heard, burst.clear_at):
+                silent_at = call.silence_after(burst.clear_at)
+                if silent_at is not None:
+                    out.clear_to_silence_ms.append((silent_at - burst.clear_at) * 1000.0)
+            else:
+                out.clears_while_silent += 1
+            if mark is None:
+                out.marks_missing += 1
+            continue
+        if mark is None or mark.get("cleared") is not False:
+            out.marks_missing += 1
+        expected = _expected_frames(script, i)
+        if expected is None:
+            out.done_missing += 1
+            continue
+        end = bursts[i + 1].sent_at if i + 1 < len(bursts) else t1
+        outcome = BurstOutcome(expected, audio_frames_between(media, burst.sent_at, end))
+        outcomes.append(outcome)
+        out.expected_by_kind[burst.kind] = out.expected_by_kind.get(burst.kind, 0) + expected
+        out.lost_by_kind[burst.kind] = out.lost_by_kind.get(burst.kind, 0) + outcome.lost
+        if outcome.received_frames == 0:
+            silent_bursts += 1
+    out.bursts_silent += silent_bursts
+    out.calls_with_silent_bursts += 1 if silent_bursts else 0
+    expected_total, lost, extra = burst_frames_lost(outcomes)
+    out.frames_expected += expected_total
+    out.frames_lost += lost
+    out.frames_extra += extra
+
+
+def analyse_calls(
+    pairs: list[tuple[FakeTwilioCall, AppScript]], window: tuple[float, float]
+) -> CallerFigures:
+    """The figures over every (caller, app session) pair that lived through the window."""
+    out = CallerFigures()
+    for call, script in pairs:
+        _analyse_one(call, script, window, out)
+    return out

@@ -1,0 +1,242 @@
+"""The gateway under test, run as a separate process pinned to one core.
+
+``appbridge serve --config FILE`` (INTERFACES §2) with a configuration written for the run: the
+Twilio carrier pointed at the fake REST API, one fonoster app (pcm16 16 kHz) at the fake app,
+every number routed to it. Secrets go through ``${NAME}`` environment references, as an operator
+would write them (docs/configuration.md, "General rules").
+
+The child is pinned with ``sched_setaffinity`` before it executes the gateway, so every thread it
+starts later (the eSpeak worker included) inherits the core, and it is told to die with its parent
+(``PR_SET_PDEATHSIG``, prctl(2)) so a crashed benchmark never leaves a gateway behind. Stopping
+follows INTERFACES §2: SIGINT stops at once; SIGKILL if it has not exited in a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.report import parse_proc_stat_ticks, parse_vmrss_bytes
+
+__all__ = [
+    "GatewayProcess",
+    "GatewaySpec",
+    "child_setup",
+    "free_loopback_port",
+    "loop_env",
+    "render_config",
+    "worker_number",
+]
+
+_PR_SET_PDEATHSIG = 1
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def free_loopback_port() -> int:
+    """A port the kernel just handed out on 127.0.0.1 (closed again, so the gateway can bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def worker_number(index: int) -> str:
+    """The called number whose calls go to worker ``index``'s app (E.164)."""
+    return f"+1555200{index:04d}"
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """What the gateway's configuration needs: where the fakes listen."""
+
+    port: int
+    rest_base_url: str
+    app_urls: tuple[str, ...]  # one fake app per load-generator worker
+    account_sid: str
+    max_calls: int = 5000
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def render_config(spec: GatewaySpec) -> str:
+    """The TOML the gateway runs with; secrets are ``${BENCH_*}`` environment references.
+
+    Worker ``k`` calls :func:`worker_number` ``(k)``, routed to its own app ``bench-k``; any
+    other number goes to ``bench-0``.
+    """
+    head = f"""\
+# Written by bench/load.py for one benchmark step; secrets come from the environment.
+[server]
+host = "127.0.0.1"
+port = {spec.port}
+public_url = "{spec.base_url}"
+max_calls = {spec.max_calls}
+drain_timeout_s = 5.0
+
+[carriers.twilio]
+account_sid = "{spec.account_sid}"
+auth_token = "${{BENCH_TWILIO_TOKEN}}"
+api_base = "{spec.rest_base_url}"
+"""
+    apps = [
+        f"""
+[[apps]]
+ref = "bench-{k}"
+url = "{url}"
+protocol = "fonoster"
+signing_secret = "${{BENCH_APP_SECRET}}"
+speech = {{ voice = "local/en-US", language = "en-US" }}
+audio = {{ codec = "pcm16", rate = 16000 }}
+"""
+        for k, url in enumerate(spec.app_urls)
+    ]
+    numbers = [
+        f'\n[[numbers]]\nnumber = "{worker_number(k)}"\napp = "bench-{k}"\n'
+        for k in range(len(spec.app_urls))
+    ]
+    numbers.append('\n[[numbers]]\nnumber = "*"\napp = "bench-0"\n')
+    return head + "".join(apps) + "".join(numbers)
+
+
+def loop_env(loop: str, shim_root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The gateway's environment for event loop ``loop`` ("uvloop" as shipped, or "asyncio").
+
+    ``appbridge serve`` runs on uvloop when it imports (appbridge/server.py, ``serve``) and on
+    the stdlib loop otherwise. For "asyncio" a module named ``uvloop`` that raises ImportError is
+    put first on the child's ``PYTHONPATH``: the gateway's own code is untouched, and only its
+    loop changes (so the two loops can be compared, or one worked around while it is broken).
+    """
+    out = dict(env)
+    if loop == "uvloop":
+        return out
+    if loop != "asyncio":
+        raise ValueError(f"unknown event loop {loop!r}")
+    shim = shim_root / "no-uvloop"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "uvloop.py").write_text(
+        '"""Written by bench/gateway_proc.py: hides uvloop so the gateway uses asyncio."""\n'
+        'raise ImportError("uvloop hidden by the benchmark (--gateway-loop asyncio)")\n'
+    )
+    previous = out.get("PYTHONPATH")
+    out["PYTHONPATH"] = str(shim) + (os.pathsep + previous if previous else "")
+    return out
+
+
+def child_setup(cpu: int | None) -> Callable[[], None]:
+    """What a child of the benchmark does between fork and exec: take its core, and ask the
+    kernel to kill it when the benchmark dies (prctl(2) ``PR_SET_PDEATHSIG``)."""
+
+    def setup() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    return setup
+
+
+class GatewayProcess:
+    """One ``appbridge serve`` child: start, wait for ``/readyz``, sample /proc, stop."""
+
+    def __init__(
+        self,
+        executable: str,
+        config_path: Path,
+        *,
+        env: Mapping[str, str],
+        cpu: int | None,
+        log_path: Path,
+    ) -> None:
+        self.executable = executable
+        self.config_path = config_path
+        self.env = dict(env)
+        self.cpu = cpu
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "gateway not started"
+        return self.proc.pid
+
+    async def start(self, base_url: str, timeout_s: float = 30.0) -> None:
+        """Spawn the gateway and wait (bounded) until ``GET /readyz`` answers 200."""
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(  # noqa: ASYNC220 - a fork/exec, it does not block
+                [self.executable, "serve", "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                preexec_fn=child_setup(self.cpu),
+                close_fds=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"gateway exited with {self.proc.returncode}; see {self.log_path}"
+                    )
+                try:
+                    response = await client.get(base_url + "/readyz")
+                    if response.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"gateway not ready within {timeout_s:g} s; see {self.log_path}")
+
+    def affinity(self) -> list[int]:
+        return sorted(os.sched_getaffinity(self.pid))
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every thread so far (``/proc/<pid>/stat`` utime + stime)."""
+        text = Path(f"/proc/{self.pid}/stat").read_text()
+        return parse_proc_stat_ticks(text) / CLOCK_TICKS_PER_S
+
+    def rss_bytes(self) -> int:
+        return parse_vmrss_bytes(Path(f"/proc/{self.pid}/status").read_text())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def stop(self, timeout_s: float = 5.0) -> int | None:
+        """SIGINT (stop at once, INTERFACES §2), then SIGKILL after ``timeout_s``. Returns the
+        exit status."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - polls a child
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+        return proc.returncode
+
+    def kill_now(self) -> None:
+        """Last resort from a ``finally``: no waiting on the loop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

@@ -1,0 +1,554 @@
+"""``make bench``: N concurrent Twilio calls on loopback against fake apps that talk back.
+
+Usage: ``python -m bench.load [--calls 50,200,400] [--hold 30] [--workers 1]``
+(``make bench BENCH_ARGS="--calls 50,100 --hold 20"``).
+
+Each step of the ramp gets a fresh gateway, run as its own process (``appbridge serve``) pinned
+to one core, and fresh load-generator workers (:mod:`bench.worker`) pinned to the others: they
+play Twilio (callers placing calls through ``POST /twilio/voice`` and the Media Stream, and the
+REST API) and the fonoster apps, with the project's test peers (appbridge/testing). Once every
+call of the step is up the calls are held for ``--hold`` seconds; every figure of the table is
+measured over that window only; then the callers hang up and the gateway is stopped. This
+process only orchestrates and samples /proc and ``/metrics``. Method and figures:
+docs/PERFORMANCE.md; the columns: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.analysis import CallerFigures
+from bench.gateway_proc import (
+    GatewayProcess,
+    GatewaySpec,
+    child_setup,
+    free_loopback_port,
+    loop_env,
+    render_config,
+    worker_number,
+)
+from bench.report import (
+    CpuTimes,
+    bound_cell,
+    format_table,
+    histogram_delta,
+    parse_cpu_times,
+    parse_histogram,
+    parse_metric,
+)
+
+ACCOUNT_SID = "AC" + "be" * 16
+LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
+#: The issue's bar: a load generator busier than this (per core) distorts what it measures.
+GENERATOR_CPU_LIMIT_PCT = 70.0
+#: Other processes using more than this share of the gateway's core make the step noisy.
+NOISY_PCT = 10.0
+REPO = Path(__file__).resolve().parent.parent
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+HEADERS = (
+    "offered",
+    "held",
+    "gw CPU%",
+    "CPU%/call",
+    "RSS MB",
+    "RSS KB/call",
+    "tick late p50/p99/max ms*",
+    "caller jitter p50/p99/max ms",
+    "clear→silence p50/p99/max ms",
+    "inbound p50/p99/max ms",
+    "frames lost",
+    "gen CPU%",
+    "noise%",
+    "valid",
+)
+
+
+# ---------------------------------------------------------------------- machine facts
+def _git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def _tree_diff() -> dict[str, Any]:
+    """Which uncommitted edits the gateway ran with: ``git diff HEAD`` by file, and its hash
+    (the tree changes under a shared checkout; two runs compare only when these match)."""
+    try:
+        diff = subprocess.run(
+            ["git", "diff", "HEAD"], cwd=REPO, capture_output=True, timeout=30, check=True
+        ).stdout
+        files = subprocess.run(
+            ["git", "status", "--porcelain", "--", "appbridge"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"sha256": hashlib.sha256(diff).hexdigest()[:16], "appbridge_changes": files}
+
+
+def _machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "memory_mb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20,
+        "loadavg": os.getloadavg(),
+    }
+
+
+def _cpu_times() -> dict[int, CpuTimes]:
+    return parse_cpu_times(Path("/proc/stat").read_text())
+
+
+def _gateway_executable() -> str:
+    local = Path(sys.executable).with_name("appbridge")
+    if local.exists():
+        return str(local)
+    found = shutil.which("appbridge")
+    if found is None:
+        raise SystemExit("bench: the appbridge console script is not installed (make install)")
+    return found
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+# ---------------------------------------------------------------------- workers
+class WorkerProc:
+    """A :mod:`bench.worker` child, spoken to one JSON line at a time."""
+
+    def __init__(self, index: int, cpu: int | None, env: dict[str, str], log_path: Path):
+        self.index = index
+        self.cpu = cpu
+        self.env = env
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self.hello: dict[str, Any] = {}
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        with self.log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.worker",
+                str(self.index),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=self.env,
+                cwd=REPO,
+                preexec_fn=child_setup(self.cpu),
+                limit=256 * 2**20,
+            )
+        self.hello = await self._read(timeout_s)
+
+    async def _read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        if not line:
+            raise RuntimeError(f"worker {self.index} exited; see {self.log_path}")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.get("ok"):
+            raise RuntimeError(f"worker {self.index}: {answer.get('error')}; see {self.log_path}")
+        return answer
+
+    async def call(self, cmd: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **fields}).encode() + b"\n")
+        await self.proc.stdin.drain()
+        return await self._read(timeout_s)
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(Exception):
+            await self.call("stop", 60.0)
+        try:
+            await asyncio.wait_for(proc.wait(), 30.0)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def _all(workers: list[WorkerProc], cmd: str, timeout_s: float, **kw: Any) -> list[Any]:
+    return list(await asyncio.gather(*(w.call(cmd, timeout_s, **kw) for w in workers)))
+
+
+# ---------------------------------------------------------------------- one step
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
+async def run_step(
+    calls: int, args: argparse.Namespace, out_dir: Path
+) -> tuple[dict[str, Any], list[str]]:
+    env = dict(os.environ)
+    env.update(
+        BENCH_TWILIO_TOKEN=secrets.token_hex(16),
+        BENCH_APP_SECRET=secrets.token_hex(16),
+        BENCH_ACCOUNT_SID=ACCOUNT_SID,
+    )
+    load_cpus = args.load_cpus or [None]
+    workers = [
+        WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
+        for k in range(args.workers)
+    ]
+    gateway: GatewayProcess | None = None
+    try:
+        await asyncio.gather(*(w.start() for w in workers))
+        spec = GatewaySpec(
+            port=free_loopback_port(),
+            rest_base_url=workers[0].hello["rest_base_url"],
+            app_urls=tuple(w.hello["app_url"] for w in workers),
+            account_sid=ACCOUNT_SID,
+            max_calls=max(1000, 2 * calls),
+        )
+        config_path = out_dir / f"gateway-{calls}.toml"
+        config_path.write_text(render_config(spec))
+        gw_env = dict(env, APPBRIDGE_LOG_LEVEL=args.gateway_log_level)
+        gateway = GatewayProcess(
+            _gateway_executable(),
+            config_path,
+            env=loop_env(args.gateway_loop, Path(args.shim_dir), gw_env),
+            cpu=args.gateway_cpu,
+            log_path=out_dir / f"gateway-{calls}.log",
+        )
+        await gateway.start(spec.base_url)
+        return await _measure(calls, args, gateway, spec, workers)
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        if gateway is not None:
+            try:
+                await gateway.stop()
+            finally:
+                gateway.kill_now()
+
+
+async def _measure(
+    calls: int,
+    args: argparse.Namespace,
+    gateway: GatewayProcess,
+    spec: GatewaySpec,
+    workers: list[WorkerProc],
+) -> tuple[dict[str, Any], list[str]]:
+    base_url = spec.base_url
+    await asyncio.sleep(args.settle)
+    rss_idle = gateway.rss_bytes()
+    shares = _split(calls, len(workers))
+
+    async def ramp(worker: WorkerProc, n: int) -> dict[str, Any]:
+        if n == 0:
+            return {"placed_ok": 0, "up": 0, "errors": [], "ramp_s": 0.0}
+        return await worker.call(
+            "ramp",
+            calls / args.ramp_rate + 2 * args.up_timeout + 30,
+            base_url=base_url,
+            calls=n,
+            to=worker_number(worker.index),
+            rate=args.ramp_rate * n / calls,
+            up_timeout=args.up_timeout,
+        )
+
+    ramps = await asyncio.gather(*(ramp(w, n) for w, n in zip(workers, shares, strict=True)))
+    await asyncio.sleep(args.settle)
+
+    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        metrics_before = (await client.get(base_url + "/metrics")).text
+        cores_before = _cpu_times()
+        gw_cpu0 = gateway.cpu_seconds()
+        t0 = time.monotonic()
+        starts = await _all(workers, "window_start", 30.0)
+        rss_peak = gateway.rss_bytes()
+        while time.monotonic() < t0 + args.hold and gateway.alive():
+            await asyncio.sleep(min(1.0, max(0.0, t0 + args.hold - time.monotonic())))
+            rss_peak = max(rss_peak, gateway.rss_bytes())
+        ends = await _all(workers, "window_end", 30.0)
+        t1 = time.monotonic()
+        gw_cpu1 = gateway.cpu_seconds()
+        cores_after = _cpu_times()
+        rss_end = gateway.rss_bytes()
+        metrics_after = (await client.get(base_url + "/metrics")).text
+    window_s = t1 - t0
+    finishes = await _all(workers, "finish", 120.0, window=[t0, t1], timeout=args.up_timeout)
+    figures = CallerFigures()
+    for answer in finishes:
+        figures.merge(CallerFigures.from_wire(answer["figures"]))
+
+    held = sum(int(e["held"]) for e in ends)
+    gw_cpu_pct = 100.0 * (gw_cpu1 - gw_cpu0) / window_s
+    gen_pct = [
+        100.0 * (e["cpu_s"] - s["cpu_s"]) / window_s for s, e in zip(starts, ends, strict=True)
+    ]
+    cores = _core_shares(
+        cores_before, cores_after, window_s, args.gateway_cpu, gw_cpu_pct, workers, gen_pct
+    )
+    gen_by_core = {c: v["generator_pct"] for c, v in cores.items()}
+    valid = all(v <= GENERATOR_CPU_LIMIT_PCT for v in gen_by_core.values()) and all(
+        p <= GENERATOR_CPU_LIMIT_PCT for p in gen_pct
+    )
+    shared = args.gateway_cpu is not None and any(w.cpu == args.gateway_cpu for w in workers)
+    noise = (
+        cores.get(args.gateway_cpu, {}).get("others_pct") if args.gateway_cpu is not None else None
+    )
+    lateness = histogram_delta(
+        parse_histogram(metrics_before, LATENESS_METRIC),
+        parse_histogram(metrics_after, LATENESS_METRIC),
+    )
+    rss_added = max(0, rss_end - rss_idle)
+    summaries = figures.summaries()
+
+    def counter(name: str) -> float:
+        return parse_metric(metrics_after, name) - parse_metric(metrics_before, name)
+
+    data: dict[str, Any] = {
+        "offered": calls,
+        "workers": [
+            {**w.hello, "calls": n, **r, "cpu_pct": round(p, 1), "rss_max_mb": e["rss_mb"]}
+            for w, n, r, p, e in zip(workers, shares, ramps, gen_pct, ends, strict=True)
+        ],
+        "gateway_affinity": gateway.affinity(),
+        "gateway_loop": args.gateway_loop,
+        "held": held,
+        "window_s": round(window_s, 2),
+        "gateway_cpu_pct": round(gw_cpu_pct, 1),
+        "gateway_cpu_pct_per_call": round(gw_cpu_pct / held, 3) if held else None,
+        "gateway_rss_idle_mb": round(rss_idle / 2**20, 1),
+        "gateway_rss_end_mb": round(rss_end / 2**20, 1),
+        "gateway_rss_peak_mb": round(rss_peak / 2**20, 1),
+        "gateway_rss_per_call_kb": round(rss_added / 1024 / held, 1) if held else None,
+        "tick_lateness_ms": {
+            "bucketed": True,
+            "count": lateness.count,
+            "mean": lateness.mean(),
+            "p50_le": lateness.quantile_bound(0.50),
+            "p99_le": lateness.quantile_bound(0.99),
+            "max_le": lateness.max_bound(),
+            "cumulative": dict(zip(map(str, lateness.bounds), lateness.cumulative, strict=True)),
+        },
+        "tick_resyncs": counter("appbridge_media_tick_resyncs_total"),
+        "calls_rejected": counter("appbridge_calls_rejected_total"),
+        "app_unreachable": counter("appbridge_app_unreachable_total"),
+        "generator_cpu_pct": round(sum(gen_pct), 1),
+        "cores": cores,
+        "generator_shares_gateway_core": shared,
+        "valid": valid,
+        "rest_requests": sum(int(a.get("rest_requests", 0)) for a in finishes),
+        **figures.as_dict(),
+    }
+    tick = "/".join(
+        bound_cell(v)
+        for v in (lateness.quantile_bound(0.5), lateness.quantile_bound(0.99), lateness.max_bound())
+    )
+    row = [
+        str(calls),
+        str(held),
+        _fmt(gw_cpu_pct),
+        _fmt(gw_cpu_pct / held, 3) if held else "-",
+        _fmt(rss_end / 2**20),
+        _fmt(rss_added / 1024 / held, 0) if held else "-",
+        tick,
+        summaries["caller_jitter_ms"].cell(),
+        summaries["clear_to_silence_ms"].cell(),
+        summaries["inbound_latency_ms"].cell(),
+        f"{figures.frames_lost}/{figures.frames_expected}" if figures.frames_expected else "-",
+        "+".join(_fmt(p, 0) for p in gen_pct),
+        _fmt(noise, 0),
+        ("yes" if valid else "INVALID") + ("/shared" if shared else ""),
+    ]
+    return data, row
+
+
+def _core_shares(
+    before: dict[int, CpuTimes],
+    after: dict[int, CpuTimes],
+    window_s: float,
+    gateway_cpu: int | None,
+    gateway_pct: float,
+    workers: list[WorkerProc],
+    worker_pct: list[float],
+) -> dict[int, dict[str, float]]:
+    """Per core: busy and steal %, and how much of it was the gateway, the generator, others."""
+    out: dict[int, dict[str, float]] = {}
+    for cpu, end in after.items():
+        if cpu not in before:
+            continue
+        delta = end.minus(before[cpu])
+        busy_pct = 100.0 * delta.busy / CLOCK_TICKS_PER_S / window_s
+        gw = gateway_pct if cpu == gateway_cpu else 0.0
+        gen = sum(p for w, p in zip(workers, worker_pct, strict=True) if w.cpu == cpu)
+        out[cpu] = {
+            "busy_pct": round(busy_pct, 1),
+            "steal_pct": round(100.0 * delta.steal / CLOCK_TICKS_PER_S / window_s, 1),
+            "gateway_pct": round(gw, 1),
+            "generator_pct": round(gen, 1),
+            "others_pct": round(max(0.0, busy_pct - gw - gen), 1),
+        }
+    return out
+
+
+# ---------------------------------------------------------------------- the run
+async def run(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": _git_commit(),
+        "uncommitted": _tree_diff(),
+        "machine": _machine(),
+        "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
+        "steps": [],
+    }
+    machine = report["machine"]
+    print(
+        f"bench: commit {report['commit']}, {machine['cpu_model']} x {machine['cpus']}; gateway "
+        f"({args.gateway_loop}) on CPU {args.gateway_cpu}, {args.workers} worker(s) on "
+        f"{args.load_cpus}; hold {args.hold:g} s",
+        flush=True,
+    )
+    rows: list[list[str]] = []
+    failed = False
+    for calls in args.calls:
+        print(f"bench: step of {calls} calls ...", flush=True)
+        try:
+            data, row = await run_step(calls, args, out_dir)
+        except Exception as exc:
+            failed = True
+            print(f"bench: step of {calls} calls failed: {type(exc).__name__}: {exc}", flush=True)
+            report["steps"].append({"offered": calls, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        report["steps"].append(data)
+        rows.append(row)
+        print(format_table(HEADERS, [row]), flush=True)
+        print(
+            f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
+            f"bursts with no audio at all {data['bursts_silent']} (in "
+            f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
+            f"{data['lost_by_kind']} of {data['expected_by_kind']}; app errors "
+            f"{data['gateway_errors'] or 'none'}; core use {data['cores']}",
+            flush=True,
+        )
+        if data["held"] == 0:
+            print(f"bench: no call was answered; see {out_dir}/gateway-{calls}.log", flush=True)
+    print()
+    print(format_table(HEADERS, rows))
+    print(
+        "* tick lateness comes from the gateway's bucketed /metrics histogram: each figure is the "
+        "upper bound of its bucket. gen CPU% is per worker process; noise% is what other "
+        "processes used of the gateway's core; 'shared' means a worker ran on the gateway's core."
+    )
+    path = out_dir / f"bench-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"bench: results in {path}")
+    return 1 if failed else 0
+
+
+def _calls(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text}"
+        ) from None
+    if not values or any(v < 1 or v > 5000 for v in values):
+        raise argparse.ArgumentTypeError("each step needs 1 to 5000 calls")
+    return values
+
+
+def _cpus(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of CPUs: {text}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    two = (os.cpu_count() or 1) >= 2
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.load",
+        description="AppBridge load benchmark (bench/README.md).",
+    )
+    parser.add_argument("--calls", type=_calls, default=[50, 200, 400], help="steps (50,200,400)")
+    parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
+    parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
+    parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds before measuring")
+    parser.add_argument("--up-timeout", type=float, default=60.0, help="bound on ramp/hang-up")
+    parser.add_argument(
+        "--gateway-cpu", type=int, default=1 if two else None, help="the gateway's core (1)"
+    )
+    parser.add_argument(
+        "--load-cpus",
+        type=_cpus,
+        default=[0] if two else None,
+        help="cores for the workers, assigned round-robin (0)",
+    )
+    parser.add_argument(
+        "--gateway-loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the gateway's event loop: uvloop as `appbridge serve` ships, or the stdlib loop",
+    )
+    parser.add_argument("--gateway-log-level", default="WARNING")
+    parser.add_argument("--out", default=str(REPO / "bench" / "out"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 0 < args.hold <= 3600 or args.ramp_rate <= 0 or not 1 <= args.workers <= 64:
+        print(
+            "bench: --hold must be in (0, 3600], --ramp-rate > 0, --workers 1-64", file=sys.stderr
+        )
+        return 2
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    # Where the "asyncio" loop's shim lives: outside the source tree, gone after the run.
+    with tempfile.TemporaryDirectory(prefix="appbridge-bench-") as shim_dir:
+        args.shim_dir = shim_dir
+        try:
+            return asyncio.run(run(args))
+        except KeyboardInterrupt:  # the gateway and the workers stop with us (PDEATHSIG)
+            print("bench: interrupted", file=sys.stderr)
+            return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

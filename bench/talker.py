@@ -1,0 +1,161 @@
+"""The benchmark's scripted peers: an app that talks back and callers that talk continuously.
+
+Both ride on the project's test peers (appbridge/testing): :class:`TalkingApp` is a ``handler``
+for :class:`~appbridge.testing.fake_app.FakeApp`, and :func:`drive_caller` feeds a
+:class:`~appbridge.testing.fake_twilio.FakeTwilioCall` opened with ``continuous_media=True``.
+
+The app's script (issue 2, item 9): every ``period_s`` (5 s) each session plays a burst of
+``burst_s`` (2 s), alternately a ``speak`` and its own binary audio, and queues a ``mark`` after
+it; every other burst is cut by a ``clear`` ``clear_after_s`` (300 ms) after it was sent. The
+cycle of four is (speak), (audio + clear), (audio), (speak + clear), so each kind is cleared
+half of the time. Sessions start their cycle at a random phase so bursts do not line up across
+calls. Each send is recorded with its ``time.monotonic()`` instant for :mod:`bench.measure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from appbridge.testing import audio as au
+from appbridge.testing.fake_app import FakeSession
+from appbridge.testing.fake_twilio import FakeTwilioCall
+
+__all__ = ["AppScript", "Burst", "TalkingApp", "burst_kind", "caller_tone_ulaw", "drive_caller"]
+
+#: About 2.05 s of speech from the offline ``local`` voice at its default 175 wpm.
+SPEAK_TEXT = "Thanks, your order shipped today."
+APP_RATE_HZ = 16000
+APP_TONE_HZ = 600.0
+#: The app sends its audio in chunks of this length, back to back (apps send ahead of time).
+APP_CHUNK_MS = 200
+CALLER_TONE_HZ = 440.0
+
+
+def burst_kind(index: int) -> tuple[str, bool]:
+    """(kind, cleared) of burst ``index``: the cycle speak, audio+clear, audio, speak+clear."""
+    kind = "speak" if index % 4 in (0, 3) else "audio"
+    return kind, index % 2 == 1
+
+
+@dataclass
+class Burst:
+    """One burst as the app sent it (monotonic seconds)."""
+
+    index: int
+    kind: str
+    sent_at: float
+    mark_name: str
+    item_id: str | None
+    audio_ms: int | None  # known for app audio; for speech it is whatever output.done says
+    clear_at: float | None = None
+
+
+@dataclass
+class AppScript:
+    """The record of one session: what was sent, and the session for what came back."""
+
+    call_ref: str
+    session: FakeSession
+    started_at: float
+    bursts: list[Burst] = field(default_factory=list)
+
+    def events(self, msg_type: str) -> list[tuple[float, dict[str, Any]]]:
+        """(arrival time, message) of each message of ``msg_type`` the app received."""
+        session = self.session
+        return [
+            (t, m)
+            for t, m in zip(session.message_times, session.messages, strict=True)
+            if m.get("type") == msg_type
+        ]
+
+
+class TalkingApp:
+    """A fake fonoster app (pcm16 16 kHz) that talks back on a fixed script (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        period_s: float = 5.0,
+        burst_s: float = 2.0,
+        clear_after_s: float = 0.3,
+        speak_text: str = SPEAK_TEXT,
+        seed: int = 7,
+    ) -> None:
+        self.period_s = period_s
+        self.burst_s = burst_s
+        self.clear_after_s = clear_after_s
+        self.speak_text = speak_text
+        self.rng = random.Random(seed)
+        self.scripts: dict[str, AppScript] = {}
+        self.stopping = False
+        pcm = au.tone_pcm16(APP_TONE_HZ, burst_s * 1000.0, APP_RATE_HZ, amplitude=6000)
+        chunk_bytes = 2 * APP_RATE_HZ * APP_CHUNK_MS // 1000
+        self.audio_chunks = [pcm[i : i + chunk_bytes] for i in range(0, len(pcm), chunk_bytes)]
+        self.audio_ms = round(1000 * len(pcm) / (2 * APP_RATE_HZ))
+
+    async def handle(self, session: FakeSession) -> None:
+        """The FakeApp ``handler``: wait for ``session.start``, then play bursts until closed."""
+        start = await session.wait_for("session.start", timeout=30.0)
+        now = time.monotonic()
+        script = AppScript(str(start.get("callRef")), session, now)
+        self.scripts[script.call_ref] = script
+        next_at = now + self.rng.uniform(0.0, self.period_s)
+        index = 0
+        while not session.closed and not self.stopping:
+            delay_s = next_at - time.monotonic()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            if session.closed or self.stopping:
+                return
+            await self._burst(script, index)
+            index += 1
+            next_at += self.period_s
+            if time.monotonic() > next_at:  # far behind: skip, do not pile bursts up
+                next_at = time.monotonic() + self.period_s
+
+    async def _burst(self, script: AppScript, index: int) -> None:
+        session = script.session
+        kind, cleared = burst_kind(index)
+        mark_name = f"b{index}"
+        sent_at = time.monotonic()
+        if kind == "speak":
+            item_id: str | None = f"s{index}"
+            burst = Burst(index, kind, sent_at, mark_name, item_id, None)
+            script.bursts.append(burst)
+            await session.send({"type": "speak", "id": item_id, "text": self.speak_text})
+        else:
+            burst = Burst(index, kind, sent_at, mark_name, None, self.audio_ms)
+            script.bursts.append(burst)
+            for chunk in self.audio_chunks:
+                await session.send_binary(chunk)
+        await session.send({"type": "mark", "name": mark_name})
+        if cleared:
+            delay_s = sent_at + self.clear_after_s - time.monotonic()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            if session.closed:
+                return
+            burst.clear_at = time.monotonic()
+            await session.send({"type": "clear"})
+
+
+def caller_tone_ulaw(ms: float) -> bytes:
+    """The caller's voice stand-in: a 440 Hz tone, µ-law 8 kHz."""
+    return au.ulaw_encode(au.tone_pcm16(CALLER_TONE_HZ, ms, 8000, amplitude=6000))
+
+
+async def drive_caller(call: FakeTwilioCall, tone_ulaw: bytes, period_s: float) -> None:
+    """Queue ``tone_ulaw`` every ``period_s``; continuous media fills the rest with silence.
+
+    With a 1 s tone every 2 s the caller talks half of the time, as the issue asks.
+    """
+    while not call.closed:
+        try:
+            await call.send_audio_ulaw(tone_ulaw)
+        except ConnectionError:
+            return
+        await asyncio.sleep(period_s)

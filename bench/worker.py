@@ -1,0 +1,276 @@
+"""One load-generator process: fake Twilio callers, the fake app they reach, and maybe the REST API.
+
+Started by :mod:`bench.load` as ``python -m bench.worker INDEX`` (pinned to a core, dying with its
+parent) and driven over stdin/stdout, one JSON object per line, request then answer:
+
+===================  ==========================================================================
+``start`` (implied)  the worker starts its :class:`~appbridge.testing.FakeApp` (and, for worker 0,
+                     the :class:`~appbridge.testing.FakeTwilioRest`) and answers with their URLs
+``ramp``             place ``calls`` calls to ``to`` at ``rate`` per second; answer when they are
+                     up (the app has ``session.start``) or after ``up_timeout`` seconds
+``window_start``     the hold window opens: CPU so far, and the collector is parked
+``window_end``       the window closes: CPU so far, and how many calls are still up
+``finish``           hang up every call, then measure the window (:mod:`bench.analysis`)
+``stop``             stop the fakes and exit
+===================  ==========================================================================
+
+Several workers let the fakes use more than one core (bench/README.md, "Workers"). All of them
+and the parent read ``time.monotonic()``, which is CLOCK_MONOTONIC, one clock for the whole
+machine, so instants can be compared across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioCall, FakeTwilioRest
+from bench.analysis import analyse_calls
+from bench.talker import AppScript, TalkingApp, caller_tone_ulaw, drive_caller
+
+CALLER_TONE_MS = 1000
+CALLER_PERIOD_S = 2.0
+CALLER_FROM = "+15550001111"
+
+
+def self_cpu_s() -> float:
+    """User + system CPU of this process (every thread), seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Placed:
+    call: FakeTwilioCall | None = None
+    error: str | None = None
+    driver: asyncio.Task[None] | None = None
+
+
+class Worker:
+    def __init__(self, index: int, *, app_secret: str, twilio_token: str, account_sid: str):
+        self.index = index
+        self.account_sid = account_sid
+        self.twilio_token = twilio_token
+        self.talker = TalkingApp(seed=1000 + index)
+        self.app = FakeApp(secret=app_secret)
+        self.app.handler = self.talker.handle
+        self.rest = (
+            FakeTwilioRest(account_sid=account_sid, auth_token=twilio_token) if index == 0 else None
+        )
+        self.twilio: FakeTwilio | None = None
+        self.placed: list[Placed] = []
+        self.tone = caller_tone_ulaw(CALLER_TONE_MS)
+
+    # ------------------------------------------------------------------ commands
+    async def start(self) -> dict[str, Any]:
+        await self.app.start()
+        if self.rest is not None:
+            await self.rest.start()
+        return {
+            "app_url": self.app.url,
+            "rest_base_url": self.rest.base_url if self.rest is not None else None,
+            "pid": os.getpid(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+        }
+
+    async def ramp(self, base_url: str, calls: int, to: str, rate: float, up_timeout: float) -> Any:
+        self.twilio = FakeTwilio(
+            base_url,
+            account_sid=self.account_sid,
+            auth_token=self.twilio_token,
+            rest=self.rest,
+            webhook_timeout_s=30.0,
+        )
+        started = time.monotonic()
+        tasks = []
+        for i in range(calls):
+            slot = Placed()
+            self.placed.append(slot)
+            tasks.append(asyncio.create_task(self._place(slot, to)))
+            delay_s = started + (i + 1) / rate - time.monotonic()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+        _, pending = await asyncio.wait(tasks, timeout=up_timeout)
+        for task in pending:
+            task.cancel()
+        deadline = time.monotonic() + up_timeout
+        while time.monotonic() < deadline and self._sessions_missing():  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        errors = sorted({p.error for p in self.placed if p.error})
+        return {
+            "placed_ok": sum(1 for p in self.placed if p.call is not None and p.call.has_stream),
+            "up": len(self._pairs()),
+            "errors": errors[:10],
+            "ramp_s": round(time.monotonic() - started, 3),
+        }
+
+    def window_start(self) -> dict[str, Any]:
+        # The recordings grow all through the hold: keep the collector's full passes (which
+        # would walk every recorded message) out of the measured window.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        return {"t": time.monotonic(), "cpu_s": self_cpu_s()}
+
+    def window_end(self) -> dict[str, Any]:
+        answer = {"t": time.monotonic(), "cpu_s": self_cpu_s()}
+        gc.enable()
+        held = sum(
+            1 for call, script in self._pairs() if not (call.closed or script.session.closed)
+        )
+        answer["held"] = held
+        answer["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return answer
+
+    async def finish(self, window: list[float], hangup_timeout: float) -> dict[str, Any]:
+        pairs = self._pairs()
+        await self._hang_up(hangup_timeout)
+        figures = analyse_calls(pairs, (window[0], window[1]))
+        gc.unfreeze()
+        return {
+            "figures": figures.to_wire(),
+            "rest_requests": len(self.rest.requests) if self.rest is not None else 0,
+        }
+
+    async def stop(self) -> None:
+        self.talker.stopping = True
+        drivers = [p.driver for p in self.placed if p.driver is not None]
+        for task in drivers:
+            task.cancel()
+        await asyncio.gather(*drivers, return_exceptions=True)
+        if self.twilio is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.twilio.aclose(), 30.0)
+        if self.rest is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.rest.stop(), 10.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.app.stop(), 10.0)
+
+    # ------------------------------------------------------------------ internals
+    async def _place(self, slot: Placed, to: str) -> None:
+        assert self.twilio is not None
+        try:
+            call = await self.twilio.place_call(CALLER_FROM, to, continuous_media=True)
+        except Exception as exc:  # a refused webhook is a measurement, not a crash
+            slot.error = f"{type(exc).__name__}: {exc}"
+            return
+        slot.call = call
+        if not call.has_stream:
+            slot.error = f"webhook {call.webhook_status} {call.twiml_verbs}: {call.stream_error}"
+            return
+        slot.driver = asyncio.create_task(drive_caller(call, self.tone, CALLER_PERIOD_S))
+
+    def _sessions_missing(self) -> int:
+        scripts = self.talker.scripts
+        return sum(
+            1
+            for p in self.placed
+            if p.call is not None and p.call.has_stream and p.call.call_sid not in scripts
+        )
+
+    def _pairs(self) -> list[tuple[FakeTwilioCall, AppScript]]:
+        pairs = []
+        for slot in self.placed:
+            call = slot.call
+            if call is None or not call.has_stream:
+                continue
+            script = self.talker.scripts.get(call.call_sid)
+            if script is not None:
+                pairs.append((call, script))
+        return pairs
+
+    async def _hang_up(self, timeout_s: float) -> None:
+        """Every caller hangs up (Twilio ``stop``, then close); bounded; then the apps end."""
+        self.talker.stopping = True
+        hangups = [asyncio.create_task(p.call.hangup()) for p in self.placed if p.call is not None]
+        if hangups:
+            _, pending = await asyncio.wait(hangups, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(  # noqa: ASYNC110 - polls many sessions
+            not s.session.closed for s in self.talker.scripts.values()
+        ):
+            await asyncio.sleep(0.1)
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+async def _serve(index: int) -> None:
+    worker = Worker(
+        index,
+        app_secret=os.environ["BENCH_APP_SECRET"],
+        twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
+        account_sid=os.environ["BENCH_ACCOUNT_SID"],
+    )
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    _reply({"ok": True, **(await worker.start())})
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return  # the parent is gone
+            request = json.loads(line)
+            cmd = request.get("cmd")
+            try:
+                if cmd == "ramp":
+                    answer = await worker.ramp(
+                        request["base_url"],
+                        int(request["calls"]),
+                        request["to"],
+                        float(request["rate"]),
+                        float(request["up_timeout"]),
+                    )
+                elif cmd == "window_start":
+                    answer = worker.window_start()
+                elif cmd == "window_end":
+                    answer = worker.window_end()
+                elif cmd == "finish":
+                    answer = await worker.finish(request["window"], float(request["timeout"]))
+                elif cmd == "stop":
+                    _reply({"ok": True})
+                    return
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+            except Exception as exc:
+                traceback.print_exc()
+                _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            _reply({"ok": True, **answer})
+    finally:
+        await worker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m bench.worker INDEX (driven by bench.load)", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(_serve(int(args[0])))
+    else:
+        # The fakes cost less on uvloop: more calls per worker under the 70 % bar.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve(int(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""The benchmark's own arithmetic (bench/): statistics, /proc and /metrics readers, the timeline
+measurements and the gateway configuration it writes. No gateway and no real time here: the
+benchmark itself is run by ``make bench``; these tests keep its figures honest."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from appbridge.config import load_config
+from appbridge.testing.fake_app import FakeSession
+from appbridge.testing.fake_twilio import FakeTwilioCall
+from bench.analysis import CallerFigures, analyse_calls
+from bench.gateway_proc import GatewaySpec, loop_env, render_config, worker_number
+from bench.measure import (
+    BurstOutcome,
+    audio_frames_between,
+    burst_frames_lost,
+    caller_jitter_ms,
+    inbound_latencies_ms,
+    playing_at,
+)
+from bench.report import (
+    CpuTimes,
+    format_table,
+    histogram_delta,
+    parse_cpu_times,
+    parse_histogram,
+    parse_metric,
+    parse_proc_stat_ticks,
+    parse_vmrss_bytes,
+    percentile,
+    summarize,
+)
+from bench.talker import AppScript, Burst, burst_kind
+
+# ---------------------------------------------------------------------- statistics
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile(values, 0) == 1.0
+    # On a small sample p99 is the maximum: nearest rank invents no value between observations.
+    assert percentile([3.0, 1.0, 2.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summary_of_nothing_prints_a_dash() -> None:
+    empty = summarize([])
+    assert empty.count == 0 and empty.cell() == "-"
+    assert summarize([1.0, 2.0, 10.0]).cell() == "2.0/10.0/10.0"
+
+
+# ---------------------------------------------------------------------- /proc
+
+
+def test_proc_stat_counts_fields_after_the_last_parenthesis() -> None:
+    # A command name with spaces and a ')' of its own must not shift the fields.
+    fields = ["S", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "250", "50", "0", "0"]
+    text = "4242 (we ird) name) " + " ".join(fields) + "\n"
+    assert parse_proc_stat_ticks(text) == 300
+    with pytest.raises(ValueError):
+        parse_proc_stat_ticks("4242 no parenthesis")
+
+
+def test_vmrss_is_read_in_kib() -> None:
+    status = "Name:\tappbridge\nVmPeak:\t  99999 kB\nVmRSS:\t   51200 kB\nThreads:\t3\n"
+    assert parse_vmrss_bytes(status) == 51200 * 1024
+    with pytest.raises(ValueError):
+        parse_vmrss_bytes("Name:\tzombie\n")
+
+
+def test_cpu_times_per_core_and_deltas() -> None:
+    before = parse_cpu_times(
+        "cpu  10 0 10 100 0 0 0 0 0 0\n"
+        "cpu0 5 0 5 50 1 0 0 2 0 0\n"
+        "cpu1 5 0 5 50 0 1 1 0 0 0\nintr 1 2 3\n"
+    )
+    after = parse_cpu_times("cpu0 105 0 25 60 1 0 0 7 0 0\ncpu1 5 0 5 150 0 1 1 0 0 0\n")
+    assert set(before) == {0, 1}
+    assert before[1] == CpuTimes(busy=12, idle=50, steal=0)
+    assert after[0].minus(before[0]) == CpuTimes(busy=120, idle=10, steal=5)
+
+
+# ---------------------------------------------------------------------- /metrics
+
+EXPOSITION = """\
+# HELP appbridge_calls_ended_total Calls ended, by session.end reason.
+# TYPE appbridge_calls_ended_total counter
+appbridge_calls_ended_total{reason="app_hangup"} 3
+appbridge_calls_ended_total{reason="caller_hangup"} 4
+# TYPE appbridge_media_tick_lateness_ms histogram
+appbridge_media_tick_lateness_ms_bucket{le="0.5"} %d
+appbridge_media_tick_lateness_ms_bucket{le="1"} %d
+appbridge_media_tick_lateness_ms_bucket{le="5"} %d
+appbridge_media_tick_lateness_ms_bucket{le="+Inf"} %d
+appbridge_media_tick_lateness_ms_sum %g
+appbridge_media_tick_lateness_ms_count %d
+"""
+
+
+def test_counters_sum_over_labels_or_pick_one() -> None:
+    text = EXPOSITION % (0, 0, 0, 0, 0, 0)
+    assert parse_metric(text, "appbridge_calls_ended_total") == 7
+    assert parse_metric(text, "appbridge_calls_ended_total", {"reason": "app_hangup"}) == 3
+    assert parse_metric(text, "appbridge_nothing_total") == 0
+
+
+def test_lateness_quantiles_are_bucket_bounds_of_the_window() -> None:
+    before = parse_histogram(
+        EXPOSITION % (100, 100, 100, 100, 10.0, 100), "appbridge_media_tick_lateness_ms"
+    )
+    # In the window: 50 ticks ≤0.5 ms, 45 more ≤1 ms, 4 more ≤5 ms, 1 beyond 5 ms.
+    after = parse_histogram(
+        EXPOSITION % (150, 195, 199, 200, 90.0, 200), "appbridge_media_tick_lateness_ms"
+    )
+    window = histogram_delta(before, after)
+    assert window.count == 100 and window.cumulative == (50, 95, 99, 100)
+    assert window.quantile_bound(0.50) == 0.5
+    assert window.quantile_bound(0.99) == 5.0
+    assert window.max_bound() == math.inf
+    assert window.mean() == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        histogram_delta(after, before)  # counters never go down within one process
+
+
+def test_format_table_aligns_columns() -> None:
+    table = format_table(("a", "long header"), [("1", "2"), ("333", "4")])
+    lines = table.splitlines()
+    assert lines[0] == "  a  long header"
+    assert lines[2] == "  1            2"
+    assert lines[3] == "333            4"
+    with pytest.raises(ValueError):
+        format_table(("a",), [("1", "2")])
+
+
+# ---------------------------------------------------------------------- timelines
+
+
+def test_caller_jitter_skips_the_lead_and_splits_runs() -> None:
+    lead = [0.0, 0.0005, 0.001]  # three frames at once: the pacer's lead
+    steady = [0.020, 0.040, 0.065, 0.080]  # one 25 ms gap then a 15 ms one
+    next_burst = [5.0, 5.0, 5.0, 5.020]
+    jitter = caller_jitter_ms(lead + steady + next_burst)
+    assert jitter == pytest.approx([1.0, 0.0, 5.0, 5.0, 0.0])
+
+
+def test_inbound_latency_pairs_frames_in_order() -> None:
+    sent = [0.00, 0.02, 0.04, 0.06]
+    received = [0.001, 0.0215, 0.043, 0.061]
+    assert inbound_latencies_ms(sent, received) == pytest.approx([1.0, 1.5, 3.0, 1.0])
+    assert inbound_latencies_ms(sent, received, window=(0.01, 0.05)) == pytest.approx([1.5, 3.0])
+
+
+def test_inbound_latency_refuses_a_broken_pairing() -> None:
+    sent = [i * 0.02 for i in range(100)]
+    # Frame 10 never arrived: every later pair would read one frame (20 ms) too slow.
+    received = [t + 0.001 for i, t in enumerate(sent) if i not in (10, 99)]
+    assert inbound_latencies_ms(sent, received) is None
+    assert inbound_latencies_ms([0.0], [0.0, 0.1]) is None
+    assert inbound_latencies_ms([0.0, 0.02], [0.01, 0.001]) is None  # arrived before it was sent
+    # Only the last frame missing: held back by reframing at the end of the call; still paired.
+    tail_held = inbound_latencies_ms(sent, [t + 0.001 for t in sent[:-1]])
+    assert tail_held is not None and len(tail_held) == 99
+
+
+def test_frames_between_round_up_padded_frames() -> None:
+    media = [(1.0, 160), (1.02, 160), (1.04, 80), (9.0, 160)]
+    assert audio_frames_between(media, 1.0, 2.0) == 3
+    assert audio_frames_between(media, 0.0, 1.0) == 0
+    outcomes = [BurstOutcome(100, 98), BurstOutcome(50, 51)]
+    assert burst_frames_lost(outcomes) == (150, 2, 1)
+
+
+def test_playing_at_reads_the_tick_covering_the_instant() -> None:
+    heard = [(1.00, b"", 160), (1.02, b"", 80), (1.04, b"", 0)]
+    assert playing_at(heard, 1.01)
+    assert playing_at(heard, 1.025)  # 80 bytes = the first 10 ms of that tick
+    assert not playing_at(heard, 1.035)
+    assert not playing_at(heard, 1.05)
+    assert not playing_at(heard, 0.5)
+
+
+def test_burst_cycle_clears_each_kind_half_of_the_time() -> None:
+    cycle = [burst_kind(i) for i in range(8)]
+    assert cycle[:4] == [("speak", False), ("audio", True), ("audio", False), ("speak", True)]
+    assert cycle[4:] == cycle[:4]
+
+
+def _call_with(
+    received: list[tuple[float, dict[str, Any]]],
+    sent: list[tuple[float, dict[str, Any]]],
+    heard: list[tuple[float, int]],
+) -> FakeTwilioCall:
+    call = FakeTwilioCall(call_sid="CA1", account_sid="AC1", from_="+1", to="+2")
+    call.received = received
+    call.sent = sent
+    call.heard = [(t, b"\xff" * 160) for t, _ in heard]
+    call._heard_audio_bytes = [n for _, n in heard]
+    return call
+
+
+def test_analysis_of_one_call_over_the_window() -> None:
+    media = {"event": "media", "media": {"payload": "A" * 214 + "=="}}  # 160 bytes
+    # Gateway audio arrives at the caller 10.0-12.0 s (a burst of 100 frames, lead first).
+    arrivals = [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
+    caller_sent = [(5.0 + 0.02 * k, {"event": "media"}) for k in range(1000)]
+    # Playout: audio from 10.0 s, cut 14.0 s + 5 ms by a clear (40 bytes of that tick played).
+    heard = [(10.0 + 0.02 * k, 160) for k in range(200)] + [(14.0, 40), (14.02, 0)]
+    call = _call_with([(t, media) for t in arrivals], caller_sent, heard)
+    call.clear_times = [14.004]
+    session = SimpleNamespace(
+        messages=[
+            {"type": "mark", "name": "b0", "cleared": False},
+            {"type": "mark", "name": "b1", "cleared": True},
+        ],
+        message_times=[12.1, 14.01],
+        audio=[b"\x01" + bytes(640)] * 1000,
+        audio_times=[5.0 + 0.02 * k + 0.003 for k in range(1000)],
+        protocol_errors=[],
+        closed=False,
+    )
+    script = AppScript("CA1", cast(FakeSession, session), 5.0)
+    script.bursts = [
+        Burst(0, "audio", 9.99, "b0", None, 2000),
+        Burst(1, "audio", 13.70, "b1", None, 2000, clear_at=14.0),
+    ]
+    figures = analyse_calls([(call, script)], (9.0, 20.0))
+    assert figures.bursts_measured == 2
+    assert figures.frames_expected == 100 and figures.frames_lost == 0
+    assert figures.expected_by_kind == {"audio": 100} and figures.bursts_silent == 0
+    assert (figures.clears_sent, figures.clears_at_caller) == (1, 1)
+    assert figures.marks_missing == 0
+    assert figures.clear_to_silence_ms == pytest.approx([5.0])
+    assert figures.jitter_ms and max(figures.jitter_ms) < 1e-6
+    assert figures.inbound_latency_ms and all(
+        v == pytest.approx(3.0) for v in figures.inbound_latency_ms
+    )
+    assert figures.inbound_unpaired_calls == 0
+
+
+def test_figures_travel_and_merge() -> None:
+    a = CallerFigures(jitter_ms=[1.23456], frames_lost=2, gateway_errors={"queue_full": 1})
+    b = CallerFigures.from_wire(CallerFigures(jitter_ms=[2.0], frames_lost=3).to_wire())
+    b.gateway_errors["queue_full"] = 2
+    a.merge(b)
+    assert a.jitter_ms == [1.23456, 2.0]
+    assert a.frames_lost == 5 and a.gateway_errors == {"queue_full": 3}
+    assert CallerFigures(jitter_ms=[1.23456]).to_wire()["jitter_ms"] == [1.235]
+
+
+# ---------------------------------------------------------------------- the gateway it runs
+
+
+def test_generated_config_is_valid_for_the_gateway(tmp_path: Path) -> None:
+    spec = GatewaySpec(
+        port=18080,
+        rest_base_url="http://127.0.0.1:18081",
+        app_urls=("ws://127.0.0.1:18082/session", "ws://127.0.0.1:18083/session"),
+        account_sid="AC" + "be" * 16,
+    )
+    path = tmp_path / "gateway.toml"
+    path.write_text(render_config(spec))
+    env = {"BENCH_TWILIO_TOKEN": "t", "BENCH_APP_SECRET": "s"}
+    config = load_config(path, env)
+    assert config.server.port == 18080
+    assert config.route(worker_number(1)).ref == "bench-1"  # type: ignore[union-attr]
+    assert config.route("+15550009999").ref == "bench-0"  # type: ignore[union-attr]
+    # Secrets stay in the environment, as an operator would write them.
+    assert '"${BENCH_TWILIO_TOKEN}"' in path.read_text()
+    assert config.twilio is not None and config.twilio.auth_token == "t"
+
+
+def test_asyncio_loop_hides_uvloop_from_the_child_only(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": "/elsewhere", "KEEP": "1"}
+    assert loop_env("uvloop", tmp_path, env) == env
+    child = loop_env("asyncio", tmp_path, env)
+    shim = tmp_path / "no-uvloop"
+    assert child["PYTHONPATH"].split(":") == [str(shim), "/elsewhere"]
+    assert "raise ImportError" in (shim / "uvloop.py").read_text()
+    assert env["PYTHONPATH"] == "/elsewhere"
+    with pytest.raises(ValueError):
+        loop_env("trio", tmp_path, env)
