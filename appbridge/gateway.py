@@ -29,6 +29,7 @@ class Metrics:
     app_unreachable: int = 0
     bad_signatures: int = 0
     carrier_bad_messages: int = 0
+    app_bad_messages: int = 0
     calls_ended: dict[str, int] = field(default_factory=dict)
 
 

@@ -156,8 +156,9 @@ class AppLink:
             client.abort()
             self._gone_with("slow")
 
-    def send_audio(self, data: bytes) -> bool:
-        """A binary audio frame: dropped (and counted) while the peer is behind."""
+    def send_audio(self, data: bytes, *, text: bool = False) -> bool:
+        """An audio frame (binary, or a JSON text frame in the Twilio dialect): dropped (and
+        counted) while the peer is behind."""
         client = self._client
         if client is None or not self._open:
             return False
@@ -167,7 +168,10 @@ class AppLink:
                 self._drop_logged = True
                 log.warning("app link %s is slow: dropping audio frames", redact_url(self.url))
             return False
-        client.send_binary(data)
+        if text:
+            client.send_text(data)
+        else:
+            client.send_binary(data)
         return True
 
     def close(self, code: int = 1000, reason: str = "") -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+from appbridge.apps.dialects import INBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.clock import Clock
 from appbridge.config import ListenerConfig
@@ -27,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class Listener:
-    def __init__(self, cfg: ListenerConfig) -> None:
+    def __init__(self, cfg: ListenerConfig, encoder: Encoder) -> None:
         self.cfg = cfg
+        self.encoder = encoder
         self.link: AppLink | None = None
         self.wants_inbound = cfg.tracks in ("inbound", "both")
         self.wants_outbound = cfg.tracks in ("outbound", "both")
@@ -36,6 +39,10 @@ class Listener:
 
     # LinkListener -------------------------------------------------------------------------
     def on_app_text(self, data: bytes) -> None:
+        if self.encoder.protocol == "twilio":
+            # The Twilio dialect has no error message to carry read_only.
+            log.warning("listener %s sent a message; ignored (read-only)", redact_url(self.cfg.url))
+            return
         msg = sv1.decode_command(data)
         if isinstance(msg, sv1.BadMessage):
             relates_to = msg.relates_to
@@ -46,6 +53,9 @@ class Listener:
         self._send(sv1.error_event("read_only", "this is a listen-only socket", relates_to))
 
     def on_app_binary(self, data: bytes) -> None:
+        if self.encoder.protocol == "twilio":
+            log.warning("listener %s sent audio; ignored (read-only)", redact_url(self.cfg.url))
+            return
         self._send(sv1.error_event("read_only", "this is a listen-only socket", "audio"))
 
     def on_app_gone(self, reason: str) -> None:
@@ -64,21 +74,23 @@ class ListenerSet:
         self,
         configs: Sequence[ListenerConfig],
         *,
+        protocol: str,
+        workspace_ref: str | None,
         secret: str | None,
         clock: Clock,
         ssl_context: object,
     ) -> None:
-        self.listeners = [Listener(cfg) for cfg in configs]
+        self.listeners = [Listener(cfg, encoder_for(protocol, workspace_ref)) for cfg in configs]
         self._secret = secret
         self._clock = clock
         self._ssl_context = ssl_context
-        self._start: bytes | None = None
+        self._start: tuple[sv1.SessionStart, bytes] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self.wants_outbound = any(item.wants_outbound for item in self.listeners)
 
-    def start(self, session_start: bytes) -> None:
-        self._start = session_start
+    def start(self, session_start: sv1.SessionStart, encoded: bytes) -> None:
+        self._start = (session_start, encoded)
         loop = asyncio.get_running_loop()
         for listener in self.listeners:
             self._tasks.append(loop.create_task(self._connect(listener)))
@@ -101,31 +113,33 @@ class ListenerSet:
         listener.link = link
         link.attach(listener)
         if self._start is not None:
-            link.send_control(self._start)
+            for message in listener.encoder.start(*self._start):
+                link.send_control(message)
 
     def _live(self) -> list[Listener]:
         return [item for item in self.listeners if item.link is not None and not item.gone]
 
-    def send_event(self, data: bytes) -> None:
+    def send_event(self, event: Any, encoded: bytes) -> None:
         for listener in self._live():
             assert listener.link is not None
-            listener.link.send_control(data)
+            data = listener.encoder.event(event, encoded)
+            if data is not None:
+                listener.link.send_control(data)
 
-    def send_inbound(self, frame: bytes) -> None:
-        """A caller-track frame, track byte included."""
+    def send_audio(self, track_id: int, frame: bytes, elapsed_ms: int) -> None:
+        """A frame of one track (in the session format), to the listeners that chose it."""
         for listener in self._live():
-            if listener.wants_inbound:
+            wanted = (
+                listener.wants_inbound if track_id == INBOUND_TRACK else listener.wants_outbound
+            )
+            if wanted:
                 assert listener.link is not None
-                listener.link.send_audio(frame)
+                encoder = listener.encoder
+                listener.link.send_audio(
+                    encoder.audio(track_id, frame, elapsed_ms), text=encoder.audio_is_text
+                )
 
-    def send_outbound(self, frame: bytes) -> None:
-        """An outbound-track frame (what the caller hears), track byte included."""
-        for listener in self._live():
-            if listener.wants_outbound:
-                assert listener.link is not None
-                listener.link.send_audio(frame)
-
-    def close(self, session_end: bytes | None) -> None:
+    def close(self, session_end: sv1.SessionEnd | None) -> None:
         self._closed = True
         for task in self._tasks:
             if not task.done():
@@ -133,5 +147,7 @@ class ListenerSet:
         for listener in self._live():
             assert listener.link is not None
             if session_end is not None:
-                listener.link.send_control(session_end)
+                data = listener.encoder.event(session_end, sv1.encode_event(session_end))
+                if data is not None:
+                    listener.link.send_control(data)
             listener.link.close(1000, "session ended")

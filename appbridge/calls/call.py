@@ -33,13 +33,14 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.commands import CommandHandler
 from appbridge.calls.control import CallControl
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
-from appbridge.media.codecs import AudioFormat
+from appbridge.media.codecs import PCMU_8K, AudioFormat
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
 from appbridge.net.plaintext import redact_url
@@ -50,9 +51,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INBOUND_TRACK = 1
-OUTBOUND_TRACK = 2
 MAX_FALLBACK_HOPS = 4
+
+
+def session_format_for(app: AppConfig) -> AudioFormat:
+    """The audio format of the app's session: its ``audio``, or µ-law 8 kHz in the Twilio
+    dialect (INTERFACES §4)."""
+    if app.protocol == "twilio":
+        return PCMU_8K
+    return AudioFormat(app.audio.codec, app.audio.rate)
 
 
 @dataclass
@@ -97,7 +104,9 @@ class Call:
         self.queue: OutputQueue | None = None
         self.hold_queue: OutputQueue | None = None  # music while on hold; None otherwise
         self.fallback_message: str | None = None
-        self.session_format = AudioFormat(app.audio.codec, app.audio.rate)
+        self.session_format = session_format_for(app)
+        self.encoder: Encoder = encoder_for(app.protocol, app.workspace_ref)
+        self._session_started_at = 0.0
         self.control = CallControl()
         self.commands = CommandHandler(self)
         self._clock_key: int | None = None
@@ -105,8 +114,6 @@ class Call:
         self._ending = False
         self._in_conv: FrameConverter | None = None
         self._out_conv: FrameConverter | None = None  # carrier → session format, for listeners
-        self._track_prefix = bytes([INBOUND_TRACK])
-        self._outbound_prefix = bytes([OUTBOUND_TRACK])
         self.ended = asyncio.Event()
         self.frames_in = 0
         self.frames_out = 0
@@ -196,7 +203,7 @@ class Call:
 
     def _use_app(self, app: AppConfig) -> None:
         self.app = app
-        fmt = AudioFormat(app.audio.codec, app.audio.rate)
+        fmt = session_format_for(app)
         if fmt != self.session_format:
             self.session_format = fmt
             if self.leg is not None:
@@ -228,62 +235,81 @@ class Call:
         assert self.link is not None
         self.session_ref = str(uuid.uuid4())
         self.state = "active"
+        self._session_started_at = self.gw.clock.now()
+        app = self.app
+        self.encoder = encoder_for(app.protocol, app.workspace_ref)
         fmt = self.session_format
         codec = cast(sv1.Codec, fmt.codec)
         rate = cast(sv1.RateHz, fmt.rate_hz)
-        start = sv1.encode_event(
-            sv1.SessionStart(
-                session_ref=self.session_ref,
-                call_ref=self.call_ref,
-                app_ref=self.app.ref,
-                direction=self.direction,
-                from_=self.from_,
-                to=self.to,
-                metadata=self.metadata,
-                handoff=handoff,
-                audio=sv1.AudioFormat(codec=codec, rate=rate),
-                tracks=[
-                    sv1.Track(id=INBOUND_TRACK, side="inbound", kind="audio", codec=codec),
-                    sv1.Track(id=OUTBOUND_TRACK, side="outbound", kind="audio", codec=codec),
-                ],
-                speech=sv1.SpeechDefaults(
-                    voice=self.app.speech.voice, language=self.app.speech.language
-                ),
-            )
+        start = sv1.SessionStart(
+            session_ref=self.session_ref,
+            call_ref=self.call_ref,
+            app_ref=app.ref,
+            direction=self.direction,
+            from_=self.from_,
+            to=self.to,
+            metadata=self.metadata,
+            handoff=handoff,
+            audio=sv1.AudioFormat(codec=codec, rate=rate),
+            tracks=[
+                sv1.Track(id=INBOUND_TRACK, side="inbound", kind="audio", codec=codec),
+                sv1.Track(id=OUTBOUND_TRACK, side="outbound", kind="audio", codec=codec),
+            ],
+            speech=sv1.SpeechDefaults(voice=app.speech.voice, language=app.speech.language),
         )
-        self.link.send_control(start)
+        encoded = sv1.encode_event(start)
+        for message in self.encoder.start(start, encoded):
+            self.link.send_control(message)
         self.link.attach(self)
-        if self.app.listeners:
+        if app.listeners:
             self.listeners = ListenerSet(
-                self.app.listeners,
-                secret=self.app.signing_secret,
+                app.listeners,
+                protocol=app.protocol,
+                workspace_ref=app.workspace_ref,
+                secret=app.signing_secret,
                 clock=self.gw.clock,
                 ssl_context=self.gw.ssl_context,
             )
-            self.listeners.start(start)
+            self.listeners.start(start, encoded)
+
+    def elapsed_ms(self) -> int:
+        """Milliseconds since the session started (Twilio-dialect media timestamps)."""
+        return int((self.gw.clock.now() - self._session_started_at) * 1000)
 
     # -- to the app (and its listeners) ------------------------------------------------------------
     def send_event(self, event: Any) -> None:
-        self.send_raw_event(sv1.encode_event(event))
+        encoded = sv1.encode_event(event)
+        if self.link is not None:
+            data = self.encoder.event(event, encoded)
+            if data is not None:
+                self.link.send_control(data)
+        if self.listeners is not None:
+            self.listeners.send_event(event, encoded)
 
     def send_error(self, code: sv1.ErrorCode, message: str, relates_to: str) -> None:
-        self.send_raw_event(sv1.error_event(code, message, relates_to))
-
-    def send_raw_event(self, data: bytes) -> None:
-        if self.link is not None:
-            self.link.send_control(data)
-        if self.listeners is not None:
-            self.listeners.send_event(data)
+        if self.encoder.protocol != "fonoster":
+            log.warning("call %s: %s (%s): %s", self.call_ref, code, relates_to, message)
+        self.send_event(
+            sv1.ErrorEvent(code=code, message=message, fatal=False, relates_to=relates_to)
+        )
 
     # -- app link events ----------------------------------------------------------------------
     def on_app_text(self, data: bytes) -> None:
         try:
-            self.commands.on_text(data)
+            if self.encoder.protocol == "twilio":
+                self.commands.on_twilio_text(data)
+            else:
+                self.commands.on_text(data)
         except Exception:
             log.exception("call %s: command failed", self.call_ref)
             self.send_error("internal", "the gateway failed to carry out this message", "unknown")
 
     def on_app_binary(self, data: bytes) -> None:
+        if self.encoder.protocol == "twilio":
+            # Twilio's dialect is text only; there is no error message to send back.
+            self.gw.metrics.app_bad_messages += 1
+            log.warning("call %s: binary frame from a Twilio-dialect app ignored", self.call_ref)
+            return
         try:
             self.commands.on_audio(data)
         except Exception:
@@ -304,14 +330,17 @@ class Call:
             return  # INTERFACES §6: on hold the app receives no caller frames at all
         conv = self._in_conv
         assert conv is not None
-        prefix = self._track_prefix
+        encoder = self.encoder
+        listeners = self.listeners
         for frame in conv.convert(payload):
-            self._send_inbound(link, prefix + frame)
-
-    def _send_inbound(self, link: AppLink, frame: bytes) -> None:
-        link.send_audio(frame)
-        if self.listeners is not None:
-            self.listeners.send_inbound(frame)
+            if encoder.audio_is_text:
+                elapsed = self.elapsed_ms()
+                link.send_audio(encoder.audio(INBOUND_TRACK, frame, elapsed), text=True)
+            else:
+                elapsed = 0
+                link.send_audio(encoder.audio(INBOUND_TRACK, frame, 0))
+            if listeners is not None:
+                listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
 
     def on_carrier_dtmf(self, digit: str) -> None:
         # Keypresses arrive at any time, on hold too (seed 004 ``hold``).
@@ -352,7 +381,7 @@ class Call:
     def _send_outbound(self, frame: bytes) -> None:
         assert self.listeners is not None and self._out_conv is not None
         for converted in self._out_conv.convert(frame):
-            self.listeners.send_outbound(self._outbound_prefix + converted)
+            self.listeners.send_audio(OUTBOUND_TRACK, converted, self.elapsed_ms())
 
     # -- call control ---------------------------------------------------------------------------
     def start_hold(self, music: OutputQueue) -> None:
@@ -407,11 +436,13 @@ class Call:
 
     def _close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
         """``session.end`` to the app and its listeners, then close them."""
-        end = sv1.encode_event(sv1.SessionEnd(reason=reason, id=command_id))
+        end = sv1.SessionEnd(reason=reason, id=command_id)
         link = self.link
         if link is not None:
             if self.session_ref is not None:
-                link.send_control(end)
+                data = self.encoder.event(end, sv1.encode_event(end))
+                if data is not None:
+                    link.send_control(data)
             link.close(1000, reason)
             self.link = None
         if self.listeners is not None:

@@ -33,6 +33,13 @@ from appbridge.media.output_queue import (
     WordTiming,
 )
 from appbridge.protocol import session_v1 as sv1
+from appbridge.protocol.twilio_streams import (
+    TwilioBadMessage,
+    TwilioClear,
+    TwilioMark,
+    TwilioMedia,
+    decode_twilio,
+)
 from appbridge.speech.base import SpeechError, TtsProvider, VoiceInfo
 
 if TYPE_CHECKING:
@@ -117,6 +124,27 @@ class CommandHandler:
             log.debug("call %s: ignoring message type %r", self.call.call_ref, msg.type)
             return
         self.dispatch(msg)
+
+    def on_twilio_text(self, data: bytes) -> None:
+        """A Twilio-dialect app's message (seed 004, "Twilio protocol"): ``media``, ``mark`` and
+        ``clear``; everything else is ignored, and malformed input is logged (that dialect has
+        no error message)."""
+        msg = decode_twilio(data, sender="app")
+        if isinstance(msg, TwilioMedia):
+            self.on_audio(msg.media.payload)
+        elif isinstance(msg, TwilioMark):
+            self._add_mark(msg.mark.name, None)
+        elif isinstance(msg, TwilioClear):
+            self.clear()
+        elif isinstance(msg, TwilioBadMessage):
+            self.call.gw.metrics.app_bad_messages += 1
+            log.warning(
+                "call %s: bad message from a Twilio-dialect app: %s",
+                self.call.call_ref,
+                msg.message,
+            )
+        else:
+            log.debug("call %s: ignoring %r from a Twilio-dialect app", self.call.call_ref, msg)
 
     def on_audio(self, data: bytes) -> None:
         """App binary audio joins the output queue (seed 004, "Audio"). No ``output.*`` events."""
@@ -318,12 +346,15 @@ class CommandHandler:
             self.call.spawn(self.call.end("error"), "end-fallback")
 
     def _mark(self, cmd: sv1.MarkCommand) -> None:
+        self._add_mark(cmd.name, cmd.id)
+
+    def _add_mark(self, name: str, command_id: str | None) -> None:
         queue = self.queue
         if queue is None:
             return
         self._mark_seq += 1
         key = f"m{self._mark_seq}"
-        self._marks[key] = (cmd.name, cmd.id)
+        self._marks[key] = (name, command_id)
         self.emit(queue.add_mark(key))
 
     def clear(self) -> None:

@@ -20,11 +20,13 @@ from starlette.routing import Route, WebSocketRoute
 from appbridge.carriers.twilio import TwilioStreamEndpoint, handle_voice_webhook
 from appbridge.demo.app import DemoAppEndpoint
 from appbridge.gateway import Gateway
+from appbridge.http import twilio_rest
 from appbridge.http.metrics import render_metrics
 
 log = logging.getLogger(__name__)
 
 MAX_FORM_BYTES = 64 * 1024
+TWILIO_CALL_PATH = "/2010-04-01/Accounts/{account_sid}/Calls/{call_sid}.json"
 
 
 def error(status: int, code: str, message: str) -> JSONResponse:
@@ -134,6 +136,9 @@ def build_app(gw: Gateway) -> Starlette:
         )
         return Response(payload, status_code=status, media_type=ctype)
 
+    async def twilio_update_call(request: Request) -> Response:
+        return await twilio_rest.update_call(gw, request)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         names = {404: "not_found", 405: "method_not_allowed"}
@@ -152,6 +157,12 @@ def build_app(gw: Gateway) -> Starlette:
         Route("/v1/calls/{call_ref}", get_call, methods=["GET"]),
         Route("/v1/calls/{call_ref}", delete_call, methods=["DELETE"]),
         Route("/twilio/voice", twilio_voice, methods=["POST"]),
+        Route(TWILIO_CALL_PATH, twilio_update_call, methods=["POST"]),
+        Route(
+            TWILIO_CALL_PATH,
+            twilio_rest.method_not_allowed,
+            methods=["GET", "PUT", "DELETE", "PATCH"],
+        ),
         WebSocketRoute("/twilio/stream", TwilioStreamEndpoint(gw)),
         WebSocketRoute("/demo/session", DemoAppEndpoint(gw)),
     ]

@@ -85,6 +85,7 @@ __all__ = [
     "decode_event",
     "encode_command",
     "encode_event",
+    "encode_json",
     "error_event",
 ]
 
@@ -600,3 +601,8 @@ def error_event(
     return _encoder.encode(
         ErrorEvent(code=code, message=message, fatal=fatal, relates_to=relates_to)
     )
+
+
+def encode_json(value: Any) -> bytes:
+    """Any JSON value, compactly (metadata values passed on as Twilio custom parameters)."""
+    return _encoder.encode(value)

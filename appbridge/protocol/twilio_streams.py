@@ -356,8 +356,11 @@ class TwilioStreamWriter:
             TwilioStart(sequence_number=sequence, start=info, stream_sid=stream_sid)
         )
 
-    def media(self, ulaw: bytes, *, timestamp_ms: int | None = None) -> bytes:
-        """One ``media`` message of the inbound track.
+    def media(
+        self, ulaw: bytes, *, timestamp_ms: int | None = None, track: str = "inbound"
+    ) -> bytes:
+        """One ``media`` message, of the inbound track unless told otherwise (a read-only
+        listener may also take the ``outbound`` track, as Twilio's one-way streams do).
 
         ``timestamp_ms`` defaults to the audio already written; pass the stream's own clock
         (milliseconds since ``start``) when audio was skipped, as during a hold.
@@ -368,7 +371,7 @@ class TwilioStreamWriter:
             timestamp_ms = self._audio_bytes // MULAW_BYTES_PER_MS
         self._audio_bytes += len(ulaw)
         payload = MediaPayload(
-            track="inbound", chunk=str(self._chunk), timestamp=str(timestamp_ms), payload=ulaw
+            track=track, chunk=str(self._chunk), timestamp=str(timestamp_ms), payload=ulaw
         )
         return _encoder.encode(
             TwilioMedia(sequence_number=sequence, media=payload, stream_sid=self._stream_sid)

@@ -1,0 +1,262 @@
+"""The Twilio dialect toward apps and the Twilio-compatible REST endpoint (issue 5), on loopback.
+
+The app here is a plain websockets server that reads and writes Twilio Media Stream JSON by
+hand, as a Twilio-built app would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import websockets
+from websockets.asyncio.server import ServerConnection, serve
+
+from appbridge.testing.audio import dominant_freq, tone_pcm16, ulaw_decode, ulaw_encode
+from tests.integration.conftest import ACCOUNT_SID, Env, gateway_env
+
+HTTP_SID = "AC" + "9" * 32
+HTTP_TOKEN = "http-token"
+
+
+class TwilioApp:
+    """A Twilio-dialect app: records every frame, can send anything."""
+
+    def __init__(self) -> None:
+        self.sessions: asyncio.Queue[TwilioAppSession] = asyncio.Queue()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/media"
+
+    async def handler(self, ws: ServerConnection) -> None:
+        session = TwilioAppSession(ws)
+        await self.sessions.put(session)
+        await session.read()
+
+
+class TwilioAppSession:
+    def __init__(self, ws: ServerConnection) -> None:
+        self.ws = ws
+        self.frames: list[Any] = []
+        self.messages: list[dict[str, Any]] = []
+        self.closed = asyncio.Event()
+        self.changed = asyncio.Event()
+
+    async def read(self) -> None:
+        try:
+            async for frame in self.ws:
+                self.frames.append(frame)
+                if isinstance(frame, str):
+                    self.messages.append(json.loads(frame))
+                self.changed.set()
+        except websockets.ConnectionClosed:
+            pass
+        self.closed.set()
+        self.changed.set()
+
+    async def wait_for(self, event: str, n: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+        async with asyncio.timeout(timeout):
+            while len(found := [m for m in self.messages if m.get("event") == event]) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return found
+
+    async def send(self, msg: dict[str, Any] | str | bytes) -> None:
+        await self.ws.send(msg if isinstance(msg, str | bytes) else json.dumps(msg))
+
+
+@asynccontextmanager
+async def twilio_env() -> AsyncIterator[tuple[Env, TwilioApp]]:
+    app = TwilioApp()
+    async with serve(app.handler, "127.0.0.1", 0) as server:
+        app.port = server.sockets[0].getsockname()[1]
+
+        def apps(_: Any) -> list[dict[str, Any]]:
+            return [{"ref": "tw", "url": app.url, "protocol": "twilio", "workspace_ref": HTTP_SID}]
+
+        async with gateway_env(
+            apps, http={"account_sid": HTTP_SID, "auth_token": HTTP_TOKEN}
+        ) as env:
+            yield env, app
+
+
+async def test_connected_start_media_dtmf_and_counters() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await call.send_audio_ulaw(ulaw_encode(tone_pcm16(800, 400, 8000)))
+        await call.send_dtmf("#")
+        await session.wait_for("dtmf", timeout=10)
+        media = await session.wait_for("media", n=15)
+        first, second = session.messages[0], session.messages[1]
+        assert first == {"event": "connected", "protocol": "Call", "version": "1.0.0"}
+        assert second["event"] == "start" and second["sequenceNumber"] == "1"
+        start = second["start"]
+        assert start["callSid"] == call.call_sid
+        assert start["accountSid"] == HTTP_SID
+        assert start["tracks"] == ["inbound"]
+        assert start["mediaFormat"] == {
+            "encoding": "audio/x-mulaw",
+            "sampleRate": 8000,
+            "channels": 1,
+        }
+        assert start["customParameters"]["from"] == "+15550001111"
+        stream_sid = start["streamSid"]
+        assert second["streamSid"] == stream_sid
+        seqs = [int(m["sequenceNumber"]) for m in session.messages[1:]]
+        assert seqs == list(range(1, len(seqs) + 1))  # every message counts, from start = 1
+        chunks = [int(m["media"]["chunk"]) for m in media]
+        assert chunks == list(range(1, len(chunks) + 1))
+        stamps = [int(m["media"]["timestamp"]) for m in media]
+        assert stamps == sorted(stamps)
+        assert all(m["media"]["track"] == "inbound" and m["streamSid"] == stream_sid for m in media)
+        assert all(len(base64.b64decode(m["media"]["payload"])) == 160 for m in media)
+        audio = ulaw_decode(b"".join(base64.b64decode(m["media"]["payload"]) for m in media[2:15]))
+        assert abs(dominant_freq(audio, 8000) - 800) < 30
+        dtmf = [m for m in session.messages if m["event"] == "dtmf"][0]
+        assert dtmf["dtmf"] == {"track": "inbound_track", "digit": "#"}
+        assert all(isinstance(f, str) for f in session.frames)  # never a binary frame
+
+
+async def test_app_media_mark_and_clear() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        sid = session.messages[1]["streamSid"]
+        tone = ulaw_encode(tone_pcm16(650, 500, 8000))
+        # Pipecat-style: media without track/chunk/timestamp, any length, faster than real time.
+        for i in range(0, len(tone), 700):
+            await session.send(
+                {
+                    "event": "media",
+                    "streamSid": sid,
+                    "media": {"payload": base64.b64encode(tone[i : i + 700]).decode()},
+                }
+            )
+        await session.send({"event": "mark", "streamSid": sid, "mark": {"name": "one"}})
+        marks = await session.wait_for("mark", timeout=10)
+        assert marks[0]["mark"] == {"name": "one"}
+        heard = ulaw_decode(call.heard_ulaw())
+        assert 0.45 <= len(heard) / 2 / 8000 <= 0.6
+        assert abs(dominant_freq(heard, 8000) - 650) < 30
+        # clear flushes and echoes pending marks at once.
+        long_tone = ulaw_encode(tone_pcm16(650, 4000, 8000))
+        await session.send(
+            {
+                "event": "media",
+                "streamSid": sid,
+                "media": {"payload": base64.b64encode(long_tone).decode()},
+            }
+        )
+        await session.send({"event": "mark", "streamSid": sid, "mark": {"name": "two"}})
+        await asyncio.sleep(0.3)
+        await session.send({"event": "clear", "streamSid": sid})
+        marks = await session.wait_for("mark", n=2, timeout=5)
+        assert marks[1]["mark"] == {"name": "two"}
+        await call.wait_until(lambda: call.clears_received >= 1, timeout=5)
+        assert len(call.heard_ulaw()) < 8000 * 1.5
+
+
+async def test_garbage_from_a_twilio_app_is_logged_and_the_call_goes_on() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        sid = session.messages[1]["streamSid"]
+        for bad in (
+            "not json",
+            b"\x00\x01",
+            json.dumps({"event": "media", "media": {"payload": "%%%"}}),
+            json.dumps({"event": "whatever"}),
+            json.dumps({"noevent": 1}),
+        ):
+            await session.send(bad)
+        await session.send(
+            {
+                "event": "media",
+                "streamSid": sid,
+                "media": {"payload": base64.b64encode(b"\x10" * 1600).decode()},
+            }
+        )
+        await session.send({"event": "mark", "streamSid": sid, "mark": {"name": "ok"}})
+        await session.wait_for("mark", timeout=10)
+        assert env.gw.metrics.app_bad_messages >= 3
+        assert not call.closed
+        assert all("event" in m for m in session.messages)
+
+
+async def test_rest_hangup_endpoint() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        url = f"/2010-04-01/Accounts/{HTTP_SID}/Calls/{call.call_sid}.json"
+        async with httpx.AsyncClient(base_url=env.base_url) as client:
+            r = await client.post(url, data={"Status": "completed"}, auth=(HTTP_SID, "wrong"))
+            assert r.status_code == 401 and r.json()["code"] == 20003
+            assert r.headers["content-type"] == "application/json"
+            other = f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls/{call.call_sid}.json"
+            r = await client.post(other, data={"Status": "completed"}, auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 404 and r.json()["code"] == 20404  # another workspace
+            r = await client.post(
+                url.replace(call.call_sid, "CA" + "0" * 32),
+                data={"Status": "completed"},
+                auth=(HTTP_SID, HTTP_TOKEN),
+            )
+            assert r.status_code == 404 and isinstance(r.json()["code"], int)
+            r = await client.post(url, data={"Status": "ringing"}, auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 400 and r.json()["code"] == 20001
+            r = await client.post(url, content=b"\xff\xfe", auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 400
+            r = await client.get(url, auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 405 and r.json()["status"] == 405
+            r = await client.post(url, data={"Status": "completed"}, auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 200
+            body = r.json()
+            assert body["sid"] == call.call_sid and body["status"] == "completed"
+            assert body["account_sid"] == HTTP_SID and body["api_version"] == "2010-04-01"
+            assert set(body) >= {
+                "to",
+                "from",
+                "direction",
+                "date_created",
+                "date_updated",
+                "start_time",
+                "end_time",
+                "duration",
+                "uri",
+            }
+            await asyncio.wait_for(session.closed.wait(), 5)
+            assert session.messages[-1]["event"] == "stop"
+            assert session.messages[-1]["stop"]["callSid"] == call.call_sid
+            r = await client.post(url, data={"Status": "completed"}, auth=(HTTP_SID, HTTP_TOKEN))
+            assert r.status_code == 404 and r.json()["code"] == 20404  # already ended
+        await call.wait_closed(timeout=5)
+
+
+async def test_the_app_closing_its_socket_hangs_up() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        await session.ws.close()
+        await call.wait_closed(timeout=5)
+
+
+async def test_caller_hangup_sends_stop() -> None:
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        await call.hangup()
+        stops = await session.wait_for("stop", timeout=5)
+        assert stops[0]["stop"] == {"accountSid": HTTP_SID, "callSid": call.call_sid}
+        await asyncio.wait_for(session.closed.wait(), 5)
