@@ -61,7 +61,7 @@ class TwilioAppSession:
         self.closed.set()
         self.changed.set()
 
-    async def wait_for(self, event: str, n: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+    async def wait_for(self, event: str, n: int = 1, timeout: float = 10) -> list[dict[str, Any]]:  # noqa: ASYNC109
         async with asyncio.timeout(timeout):
             while len(found := [m for m in self.messages if m.get("event") == event]) < n:
                 self.changed.clear()
@@ -120,7 +120,7 @@ async def test_connected_start_media_dtmf_and_counters() -> None:
         assert all(len(base64.b64decode(m["media"]["payload"])) == 160 for m in media)
         audio = ulaw_decode(b"".join(base64.b64decode(m["media"]["payload"]) for m in media[2:15]))
         assert abs(dominant_freq(audio, 8000) - 800) < 30
-        dtmf = [m for m in session.messages if m["event"] == "dtmf"][0]
+        dtmf = next(m for m in session.messages if m["event"] == "dtmf")
         assert dtmf["dtmf"] == {"track": "inbound_track", "digit": "#"}
         assert all(isinstance(f, str) for f in session.frames)  # never a binary frame
 
