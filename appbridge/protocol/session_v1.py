@@ -28,6 +28,8 @@ from typing import Annotated, Any, Final, Literal, TypeAlias, get_args
 import msgspec
 from msgspec import Meta, Struct, field
 
+from appbridge.protocol.limits import utf8_size_over
+
 __all__ = [
     "COMMAND_TYPES",
     "DTMF_PAUSE_MS",
@@ -484,14 +486,7 @@ _UNKNOWN: Final = "unknown"
 
 
 def _frame_too_large(frame: bytes | str) -> bool:
-    """Measures a frame in UTF-8 bytes without encoding it unless it is near the limit."""
-    if isinstance(frame, str):
-        if len(frame) > MAX_TEXT_FRAME_BYTES:
-            return True
-        if len(frame) * 4 <= MAX_TEXT_FRAME_BYTES:
-            return False
-        return len(frame.encode("utf-8", "surrogatepass")) > MAX_TEXT_FRAME_BYTES
-    return len(frame) > MAX_TEXT_FRAME_BYTES
+    return utf8_size_over(frame, MAX_TEXT_FRAME_BYTES)
 
 
 def _relates_to(obj: dict[str, Any], fallback: str) -> str:

@@ -31,6 +31,8 @@ from typing import Final, Literal, TypeAlias
 import msgspec
 from msgspec import Struct, field
 
+from appbridge.protocol.limits import utf8_size_over
+
 __all__ = [
     "DTMF_TRACK",
     "MAX_TWILIO_FRAME_BYTES",
@@ -226,13 +228,7 @@ _APP_EVENTS: Final = frozenset({"media", "mark", "clear"})
 
 
 def _too_large(frame: bytes | str) -> bool:
-    if isinstance(frame, str):
-        if len(frame) > MAX_TWILIO_FRAME_BYTES:
-            return True
-        if len(frame) * 4 <= MAX_TWILIO_FRAME_BYTES:
-            return False
-        return len(frame.encode("utf-8", "surrogatepass")) > MAX_TWILIO_FRAME_BYTES
-    return len(frame) > MAX_TWILIO_FRAME_BYTES
+    return utf8_size_over(frame, MAX_TWILIO_FRAME_BYTES)
 
 
 def _classify_failure(
