@@ -350,7 +350,10 @@ class Call:
     def on_carrier_hangup(self) -> None:
         # After a transfer the carrier lets go of the stream: that is the transfer's end.
         if self.control.transfer_pending is not None:
-            self.spawn(self.end("transfer", carrier_gone=True), "end-transferred")
+            self.spawn(
+                self.end("transfer", self.control.transfer_id, carrier_gone=True),
+                "end-transferred",
+            )
             return
         self.spawn(self.end("caller_hangup", carrier_gone=True), "end-caller-hangup")
 

@@ -443,10 +443,12 @@ class CommandHandler:
             )
             return
         call.control.transfer_pending = cmd.mode
+        call.control.transfer_id = cmd.id
         try:
             await leg.transfer(cmd.to, cmd.mode, cmd.headers, cmd.music)
         except TransferError as exc:
             call.control.transfer_pending = None
+            call.control.transfer_id = None
             call.send_error(exc.code, str(exc), relates_to)  # type: ignore[arg-type]
             return
         await call.end("transfer", cmd.id)

@@ -23,6 +23,7 @@ class CallControl:
         self.handoffs = 0
         self.handoff_pending = False
         self.transfer_pending: str | None = None  # the mode of a transfer under way
+        self.transfer_id: str | None = None  # its command id, echoed by session.end
 
     def gate(self, command_type: str) -> tuple[str, str] | None:
         """``(error code, message)`` when the command may not run now, else None."""
