@@ -19,7 +19,9 @@ from appbridge.clock import Clock, SystemClock
 from appbridge.config import Config
 from appbridge.media.media_clock import MediaClock
 from appbridge.net.ws_client import close_all
+from appbridge.speech.base import SttProvider
 from appbridge.speech.catalog import SpeechCatalog, default_catalog
+from appbridge.speech.providers.local_stt import LocalSttProvider
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Gateway:
         clock: Clock | None = None,
         catalog: SpeechCatalog | None = None,
         http: httpx.AsyncClient | None = None,
+        stt_providers: dict[str, SttProvider] | None = None,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.catalog = catalog or default_catalog()
@@ -62,6 +65,15 @@ class Gateway:
         self.config = config
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
+        self.stt_providers: dict[str, SttProvider] = dict(stt_providers or {})
+        if "local" not in self.stt_providers:
+            self.stt_providers["local"] = LocalSttProvider()
+
+    def stt_for(self, voice_id: str) -> SttProvider:
+        """The STT of the app's speech provider (``deepgram/...`` → Deepgram), else ``local``.
+        Chosen once per call; a provider that fails is reported, never swapped."""
+        name = voice_id.split("/", 1)[0]
+        return self.stt_providers.get(name) or self.stt_providers["local"]
 
     def reload(self, config: Config) -> None:
         """Swap in a validated configuration: apps, numbers and secrets change for new calls."""
@@ -75,6 +87,10 @@ class Gateway:
 
     async def start(self) -> None:
         self.media_clock.start()
+        for provider in self.stt_providers.values():
+            preload = getattr(provider, "preload", None)
+            if preload is not None:
+                preload()  # load models in the background: the first call must not wait
 
     async def stop(self) -> None:
         # Calls still live when the gateway stops (a drain that ran out): the drain timed out.

@@ -38,6 +38,7 @@ from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.commands import CommandHandler
 from appbridge.calls.control import CallControl
+from appbridge.calls.listening import Ears
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
 from appbridge.media.codecs import PCMU_8K, AudioFormat
@@ -100,6 +101,7 @@ class Call:
         self.ended_wall: float | None = None
         self.link: AppLink | None = None
         self.listeners: ListenerSet | None = None
+        self.ears: Ears | None = None
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
         self.hold_queue: OutputQueue | None = None  # music while on hold; None otherwise
@@ -221,6 +223,13 @@ class Call:
         self.queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
         self.commands.on_queue_ready(self.queue, fmt)
         self._build_converters(fmt)
+        self.ears = Ears(
+            self,
+            self.gw.stt_for(self.app.speech.voice),
+            fmt,
+            language=self.app.speech.language,
+        )
+        self.ears.open()
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
         if self.link is not None:
@@ -328,6 +337,8 @@ class Call:
         link = self.link
         if link is None or self.state != "active" or self.control.on_hold:
             return  # INTERFACES §6: on hold the app receives no caller frames at all
+        if self.ears is not None:
+            self.ears.on_carrier_frame(payload)
         conv = self._in_conv
         assert conv is not None
         encoder = self.encoder
@@ -389,11 +400,15 @@ class Call:
     # -- call control ---------------------------------------------------------------------------
     def start_hold(self, music: OutputQueue) -> None:
         self.hold_queue = music
+        if self.ears is not None:
+            self.ears.pause()
         if self.leg is not None:
             self.leg.clear_output()
 
     def stop_hold(self) -> None:
         self.hold_queue = None
+        if self.ears is not None:
+            self.ears.resume()
         if self.leg is not None:
             self.leg.clear_output()
 
@@ -470,6 +485,8 @@ class Call:
             self.gw.media_clock.unsubscribe(self._clock_key)
             self._clock_key = None
         self.commands.shutdown()
+        if self.ears is not None:
+            await self.ears.close()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:

@@ -474,6 +474,13 @@ class CommandHandler:
             self.listen_hints = list(cmd.hints)
         if cmd.patience is not None:
             self.patience = cmd.patience
+        ears = self.call.ears
+        if ears is not None:
+            ears.update(
+                language=self.listen_language if cmd.language is not None else None,
+                hints=list(cmd.hints) if cmd.hints is not None else None,
+                patience=cmd.patience,
+            )
 
     # -- output events -----------------------------------------------------------------------------
     def on_output_events(self, events: Sequence[OutputEvent]) -> None:

@@ -12,8 +12,10 @@ exists (the caller is waiting), and ``output.interrupted`` must report ``heardTe
 carries the word timings that are known by then. Timings are relative to the first sample of the
 whole utterance, so the queue can compare them with its own count of samples played.
 
-STT arrives in a later issue; :class:`SttProvider` only fixes its shape so that the catalog and the
-per-call engine can be written against both kinds of provider without a later rename.
+Streaming STT (seed 004, "Turn events", "transcript.partial"): a call opens one
+:class:`SttStream` when it starts (so the first turn pays no set-up), feeds it the caller's audio
+frame by frame, and reads partial and final :class:`Transcript` results, which drive the turn
+detector (:mod:`appbridge.turn.detector`) and ``transcript.partial``.
 """
 
 from __future__ import annotations
@@ -95,7 +97,15 @@ class TtsProvider(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Transcript:
-    """A recognition result of a streaming STT session (for the later STT issue)."""
+    """A recognition result of a streaming STT session.
+
+    ``is_final`` results are the provider's last word on a stretch of audio: the text of a turn
+    is the sequence of its finals. Partial results (``is_final`` False) are interim guesses at the
+    audio after the last final, each replacing the one before. ``confidence`` is 0 to 1 (0 for an
+    empty text). ``start_ms`` and ``end_ms`` count from the stream's first fed sample, in audio
+    time. A provider that endpoints utterances itself (``local``) sends exactly one final per
+    utterance, with empty text when it heard no words.
+    """
 
     text: str
     language: str
@@ -106,10 +116,15 @@ class Transcript:
 
 
 class SttStream(Protocol):
-    """One streaming recognition session, open for the length of a call (later issue).
+    """One streaming recognition session, open for the length of a call.
 
-    Audio goes in as it arrives (``feed`` never waits on the network; the provider buffers or
-    drops, as DESIGN.md's "never wait on a peer" asks); results come out of ``results()``.
+    ``feed`` takes signed 16-bit little-endian mono PCM at the rate the stream was opened with,
+    in pieces of any length, and returns at once: it never waits on the network or on a decoder
+    (the provider buffers, coalesces or drops, and counts it, as DESIGN.md's "never wait on a
+    peer" asks). ``results()`` yields transcripts in order and ends after ``aclose()``; a provider
+    failure is raised from it as a :class:`SpeechError` (``provider_unavailable`` or
+    ``provider_timeout``), after which the stream yields nothing more. Changing language or hints
+    (seed 004 ``listen.update``) means opening a new stream.
     """
 
     def feed(self, pcm16: bytes) -> None: ...
@@ -120,8 +135,14 @@ class SttStream(Protocol):
 
 
 class SttProvider(Protocol):
-    """A speech-to-text engine behind one catalog prefix. Placeholder for the later STT issue:
-    no implementation exists yet, and nothing in the gateway calls it."""
+    """A speech-to-text engine behind one catalog prefix (``local``, ``deepgram``).
+
+    ``open_stream`` raises :class:`InvalidCatalogId` for a malformed language tag,
+    :class:`FeatureNotSupported` for a tag the provider cannot recognise (or a rate it cannot
+    take), and :class:`ProviderUnavailable` when the engine is missing. ``hints`` are words to
+    favour (names, jargon). ``languages()`` lists the BCP-47 tags (or primary subtags) it
+    recognises.
+    """
 
     name: str
 

@@ -1,0 +1,88 @@
+"""Turn events end to end (issue 4): a synthesised caller speaks through the Twilio ingress; the
+gateway's VAD, the offline STT and the turn detector answer with ``turn.*`` events."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from appbridge.media.codecs import PCMU_8K, AudioFormat, Converter
+from appbridge.speech.catalog import default_catalog
+from appbridge.testing.audio import tone_pcm16, ulaw_encode
+from tests.integration.conftest import Env
+from tests.integration.test_session_protocol import connect
+
+
+async def synthesise_ulaw(text: str) -> bytes:
+    """The local TTS, resampled to what a phone line carries (µ-law 8 kHz)."""
+    provider, voice, language = default_catalog().voice_for("local/en-US", None, None)
+    pcm = b""
+    rate = 22050
+    async for chunk in provider.synthesize(text, voice, language):
+        pcm += chunk.pcm16
+        rate = chunk.rate_hz
+    return Converter(AudioFormat("pcm16", rate), PCMU_8K).convert(pcm)
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    ref = re.findall(r"[a-z']+", reference.lower())
+    hyp = re.findall(r"[a-z']+", hypothesis.lower())
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[len(hyp)] / max(1, len(ref))
+
+
+async def test_a_spoken_sentence_becomes_a_turn(env: Env) -> None:
+    sentence = "I would like to check the balance of my savings account please."
+    call, session, _ = await connect(env, continuous_media=True)
+    await session.send({"type": "subscribe", "events": ["turn.estimate", "transcript.partial"]})
+    await session.send({"type": "listen.update", "patience": "low"})
+    await asyncio.sleep(0.3)
+    await call.send_audio_ulaw(await synthesise_ulaw(sentence))
+    started = await session.wait_for("turn.user_started", timeout=15)
+    ended = await session.wait_for("turn.ended", timeout=20)
+    assert started == {"type": "turn.user_started"}
+    assert ended["abandoned"] is False and ended["language"].startswith("en")
+    assert 0.0 <= ended["confidence"] <= 1.0 and ended["durationMs"] > 1500
+    assert wer(sentence, ended["text"]) <= 0.35, ended["text"]
+    kinds = [m["type"] for m in session.messages if m["type"].startswith("turn.")]
+    assert kinds.index("turn.user_started") < kinds.index("turn.ended")
+    assert "turn.estimate" in kinds  # subscribed
+    estimates = [m for m in session.messages if m["type"] == "turn.estimate"]
+    assert all(0.0 <= e["eot"] <= 1.0 and e["kind"] in ("speech", "pause") for e in estimates)
+
+
+async def test_a_backchannel_is_not_a_turn(env: Env) -> None:
+    call, session, _ = await connect(env, continuous_media=True)
+    await asyncio.sleep(0.3)
+    await call.send_audio_ulaw(await synthesise_ulaw("uh-huh."))
+    back = await session.wait_for("turn.backchannel", timeout=15)
+    assert back["text"]
+    await asyncio.sleep(1.0)
+    assert session.of_type("turn.user_started") == []
+
+
+async def test_noise_without_words_is_abandoned_after_ten_seconds(env: Env) -> None:
+    call, session, _ = await connect(env, continuous_media=True)
+    await asyncio.sleep(0.3)
+    # A buzz the VAD takes for a voice, but with no words in it.
+    buzz = b"".join(tone_pcm16(f, 100, 8000) for f in (180, 240, 210, 260) * 5)
+    await call.send_audio_ulaw(ulaw_encode(buzz))
+    await session.wait_for("turn.user_started", timeout=15)
+    ended = await session.wait_for("turn.ended", timeout=15)
+    assert ended["abandoned"] is True and ended["text"] == ""
+
+
+async def test_no_turn_events_on_hold(env: Env) -> None:
+    call, session, _ = await connect(env, continuous_media=True)
+    await session.send({"type": "hold"})
+    await asyncio.sleep(0.2)
+    await call.send_audio_ulaw(await synthesise_ulaw("Hello, are you still there?"))
+    await asyncio.sleep(4.0)
+    assert not [m for m in session.messages if m["type"].startswith("turn.")]
+    await session.send({"type": "resume"})
+    await call.send_audio_ulaw(await synthesise_ulaw("Hello, are you still there?"))
+    await session.wait_for("turn.ended", timeout=20)
