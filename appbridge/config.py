@@ -35,6 +35,7 @@ __all__ = [
     "AudioConfig",
     "Config",
     "ConfigError",
+    "DeepgramConfig",
     "Fallback",
     "HttpConfig",
     "ListenerConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "ServerConfig",
     "SipConfig",
     "SipTrunk",
+    "SpeechConfig",
     "SpeechDefaults",
     "TwilioCarrierConfig",
     "default_config",
@@ -59,6 +61,9 @@ EMBEDDED_SOURCE: Final = "<embedded default>"
 DEMO_ACCOUNT_SID: Final = "AC" + "0" * 32
 DEMO_FALLBACK_MESSAGE: Final = "Sorry, the demo app is not available right now."
 TWILIO_API_BASE: Final = "https://api.twilio.com"
+DEEPGRAM_BASE_URL: Final = "https://api.deepgram.com"
+DEEPGRAM_TTS_MODEL: Final = "aura-2-thalia-en"
+DEEPGRAM_STT_MODEL: Final = "nova-3"
 
 
 # Secret fields are left out of every repr below, so logging a configuration never leaks them.
@@ -212,6 +217,36 @@ class MediaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DeepgramConfig:
+    """``[speech.deepgram]``: the Deepgram provider, for TTS (Aura) and STT (Nova).
+
+    ``base_url`` is the REST base (``/v1/speak`` is appended); the live transcription WebSocket
+    is the same host with ``https`` turned into ``wss`` (``http`` into ``ws``), so one key points
+    both at a self-hosted Deepgram or a test fake. ``voices`` lists Aura models offered in the
+    catalog besides the built-in list and ``tts_model``.
+    """
+
+    api_key: str = field(repr=False)
+    base_url: str = DEEPGRAM_BASE_URL
+    tts_model: str = DEEPGRAM_TTS_MODEL
+    stt_model: str = DEEPGRAM_STT_MODEL
+    voices: tuple[str, ...] = ()
+
+    @property
+    def ws_base_url(self) -> str:
+        """``base_url`` with its scheme mapped for the WebSocket API (https→wss, http→ws)."""
+        scheme, rest = self.base_url.split("://", 1)
+        return ("wss" if scheme == "https" else "ws") + "://" + rest
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechConfig:
+    """``[speech]``: cloud speech providers. Without it only the offline ``local`` one exists."""
+
+    deepgram: DeepgramConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NumberRoute:
     """``[[numbers]]``: the app answering a called number (E.164, or ``"*"`` for the rest)."""
 
@@ -233,6 +268,7 @@ class Config:
     source: str = EMBEDDED_SOURCE
     warnings: tuple[str, ...] = ()
     media: MediaConfig = field(default_factory=MediaConfig)
+    speech: SpeechConfig | None = None
     _routes: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -309,11 +345,19 @@ def parse_config(
     base_dir: str | os.PathLike[str] | None = None,
 ) -> Config:
     """Validate parsed TOML; raises :class:`ConfigError` listing every problem."""
-    from appbridge.config_sections import parse_apps, parse_numbers, parse_sip
+    from appbridge.config_sections import (
+        parse_apps,
+        parse_numbers,
+        parse_sip,
+        parse_speech_providers,
+        with_provider_voices,
+    )
 
     reader = Reader(os.environ if env is None else env)
     reader.check_keys(
-        "", data, ("server", "http", "api", "carriers", "sip", "media", "apps", "numbers")
+        "",
+        data,
+        ("server", "http", "api", "carriers", "sip", "media", "speech", "apps", "numbers"),
     )
     server = _parse_server(reader, data, Path(base_dir) if base_dir is not None else Path.cwd())
     http = _parse_http(reader, data)
@@ -321,6 +365,8 @@ def parse_config(
     twilio = _parse_twilio(reader, data)
     sip = parse_sip(reader, data)
     media = _parse_media(reader, data)
+    speech = parse_speech_providers(reader, data)
+    known_voice = with_provider_voices(known_voice, speech)
     apps = parse_apps(reader, data, known_voice=known_voice, rest_enabled=http is not None)
     numbers = parse_numbers(reader, data, apps)
     if twilio is not None and server.public_url is None:
@@ -341,6 +387,7 @@ def parse_config(
         source=source,
         warnings=tuple(reader.warnings),
         media=media,
+        speech=speech,
     )
 
 

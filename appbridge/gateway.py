@@ -7,8 +7,10 @@ speech catalog, the outbound HTTP client and the TLS context for ``wss://`` app 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -20,7 +22,8 @@ from appbridge.config import Config
 from appbridge.media.media_clock import MediaClock
 from appbridge.net.ws_client import close_all
 from appbridge.speech.base import SttProvider
-from appbridge.speech.catalog import SpeechCatalog, default_catalog
+from appbridge.speech.catalog import SpeechCatalog, build_catalog
+from appbridge.speech.providers.deepgram_stt import DeepgramSttProvider
 from appbridge.speech.providers.local_stt import LocalSttProvider
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,19 @@ class Metrics:
     carrier_bad_messages: int = 0
     app_bad_messages: int = 0
     calls_ended: dict[str, int] = field(default_factory=dict)
+
+
+RETIRED_PROVIDER_GRACE_S = 600.0
+
+
+async def _aclose_all(providers: Sequence[object]) -> None:
+    for provider in providers:
+        aclose = getattr(provider, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception:
+                log.exception("closing a retired speech provider failed")
 
 
 def build_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
@@ -54,7 +70,7 @@ class Gateway:
         stt_providers: dict[str, SttProvider] | None = None,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
-        self.catalog = catalog or default_catalog()
+        self.catalog = catalog or build_catalog(config)
         self.registry = CallRegistry()
         self.media_clock = MediaClock()
         self.metrics = Metrics()
@@ -66,6 +82,9 @@ class Gateway:
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
         self.stt_providers: dict[str, SttProvider] = dict(stt_providers or {})
+        deepgram = config.speech.deepgram if config.speech is not None else None
+        if deepgram is not None and "deepgram" not in self.stt_providers:
+            self.stt_providers["deepgram"] = DeepgramSttProvider.from_config(deepgram)
         if "local" not in self.stt_providers:
             self.stt_providers["local"] = LocalSttProvider()
 
@@ -82,6 +101,17 @@ class Gateway:
             log.warning("reload: server.host/port changes need a restart; keeping the listener")
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
+        if old.speech != config.speech:
+            # New voices and keys for new speech requests; the old providers are closed once
+            # the utterances and streams that hold them are long over.
+            retired = [*self.catalog.providers(), self.stt_providers.pop("deepgram", None)]
+            self.catalog = build_catalog(config)
+            deepgram = config.speech.deepgram if config.speech is not None else None
+            if deepgram is not None:
+                self.stt_providers["deepgram"] = DeepgramSttProvider.from_config(deepgram)
+            asyncio.get_running_loop().call_later(
+                RETIRED_PROVIDER_GRACE_S, lambda: asyncio.ensure_future(_aclose_all(retired))
+            )
         self.config = config
         log.info("configuration reloaded from %s", config.source)
 
@@ -98,4 +128,5 @@ class Gateway:
             await call.end("timeout")
         await close_all(timeout_s=1.0)
         await self.media_clock.stop()
+        await _aclose_all([*self.catalog.providers(), *self.stt_providers.values()])
         await self.http.aclose()

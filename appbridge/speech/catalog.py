@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from appbridge.speech.base import (
     FeatureNotSupported,
@@ -33,6 +33,9 @@ from appbridge.speech.base import (
     VoiceInfo,
 )
 from appbridge.speech.providers.local import LocalTtsProvider
+
+if TYPE_CHECKING:
+    from appbridge.config import Config
 
 # Seed 004 caps every id at 128 characters; a longer "tag" is not worth parsing.
 MAX_LANGUAGE_TAG_CHARS = 128
@@ -247,3 +250,21 @@ def default_catalog() -> SpeechCatalog:
     eSpeak NG is loaded on the first synthesis.
     """
     return SpeechCatalog([LocalTtsProvider()], default_voice="local/en-US")
+
+
+def build_catalog(config: Config) -> SpeechCatalog:
+    """The catalog of a configuration: ``local`` always, then each configured cloud provider.
+
+    ``[speech.deepgram]`` adds ``deepgram/<aura model>`` voices (INTERFACES.md section 8), e.g.
+    ``deepgram/aura-2-thalia-en``. The default voice stays ``local/en-US``: an app picks a cloud
+    voice by naming it, so a missing key or an outage never changes what other apps sound like.
+    Cheap, like :func:`default_catalog`: no connection is made until the first synthesis. The
+    caller owns the Deepgram provider's HTTP client: ``await provider.aclose()`` at shutdown.
+    """
+    providers: list[TtsProvider] = [LocalTtsProvider()]
+    deepgram = config.speech.deepgram if config.speech is not None else None
+    if deepgram is not None:
+        from appbridge.speech.providers.deepgram import DeepgramTtsProvider
+
+        providers.append(DeepgramTtsProvider.from_config(deepgram))
+    return SpeechCatalog(providers, default_voice="local/en-US")

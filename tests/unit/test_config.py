@@ -991,3 +991,108 @@ def test_media_section_bounds_play_fetches() -> None:
     assert "media.max_bytes" in problems
     assert "media.colour: unknown key" in problems
     assert "media.timeout_s" in problems
+
+
+# -- [speech.deepgram] ---------------------------------------------------------------------------
+
+DEEPGRAM = '[speech.deepgram]\napi_key = "${DEEPGRAM_API_KEY}"\n'
+DEEPGRAM_ENV = {"DEEPGRAM_API_KEY": "dg-key-from-env"}
+
+
+def test_speech_section_is_off_by_default() -> None:
+    assert parse(APP + ROUTE).speech is None
+    assert default_config().speech is None
+
+
+def test_deepgram_section_with_defaults() -> None:
+    from appbridge.config import DeepgramConfig, SpeechConfig
+
+    config = parse(DEEPGRAM + APP + ROUTE, DEEPGRAM_ENV)
+    assert config.speech == SpeechConfig(
+        DeepgramConfig(
+            api_key="dg-key-from-env",
+            base_url="https://api.deepgram.com",
+            tts_model="aura-2-thalia-en",
+            stt_model="nova-3",
+            voices=(),
+        )
+    )
+    assert config.speech.deepgram is not None
+    assert config.speech.deepgram.ws_base_url == "wss://api.deepgram.com"
+    assert "dg-key-from-env" not in repr(config)
+    assert config.warnings == ()
+
+
+def test_deepgram_section_with_every_key() -> None:
+    text = (
+        DEEPGRAM
+        + 'base_url = "http://127.0.0.1:8911/dg"\n'
+        + 'tts_model = "aura-2-andromeda-en"\nstt_model = "nova-2-phonecall"\n'
+        + 'voices = ["aura-2-newvoice-fr", "aura-2-other-es"]\n'
+        + APP
+        + ROUTE
+    )
+    deepgram = parse(text, DEEPGRAM_ENV).speech.deepgram  # type: ignore[union-attr]
+    assert deepgram is not None
+    assert deepgram.base_url == "http://127.0.0.1:8911/dg"
+    assert deepgram.ws_base_url == "ws://127.0.0.1:8911/dg"
+    assert (deepgram.tts_model, deepgram.stt_model) == ("aura-2-andromeda-en", "nova-2-phonecall")
+    assert deepgram.voices == ("aura-2-newvoice-fr", "aura-2-other-es")
+
+
+def test_deepgram_section_problems_name_their_keys() -> None:
+    text = (
+        '[speech]\ncolour = "red"\n[speech.deepgram]\nbase_url = "https://api.deepgram.com/"\n'
+        + 'tts_model = "nova-3"\nstt_model = "Nova 3"\nmodel = "x"\n'
+        + 'voices = ["aura-2-thalia-en", "aura-2-thalia-en", "thalia"]\n'
+        + APP
+        + ROUTE
+    )
+    assert problems(text) == [
+        "speech.colour: unknown key",
+        "speech.deepgram.model: unknown key",
+        "speech.deepgram.api_key: missing (required)",
+        "speech.deepgram.base_url: must not end with a slash (routes are appended to it)",
+        "speech.deepgram.tts_model: expected an Aura model ending in its language, such as "
+        'aura-2-thalia-en, got "nova-3"',
+        'speech.deepgram.stt_model: expected a Deepgram model name such as nova-3, got "Nova 3"',
+        'speech.deepgram.voices[1]: duplicate entry "aura-2-thalia-en"',
+        'speech.deepgram.voices[2]: expected an Aura model such as aura-2-thalia-en, got "thalia"',
+    ]
+
+
+def test_deepgram_key_comes_from_the_environment() -> None:
+    assert problems(DEEPGRAM + APP + ROUTE, {}) == [
+        "speech.deepgram.api_key: environment variable DEEPGRAM_API_KEY is not set"
+    ]
+    found = problems('[speech.deepgram]\napi_key = 42\nbase_url = "ftp://x"\n' + APP + ROUTE)
+    assert found == [
+        "speech.deepgram.api_key: expected a string, got a number",  # the value is not echoed
+        'speech.deepgram.base_url: expected an http:// or https:// URL, got "ftp://x"',
+    ]
+    assert problems("speech = 3\n" + APP + ROUTE) == ["speech: expected a table, got 3"]
+
+
+def test_deepgram_plain_http_to_a_public_host_warns() -> None:
+    public = parse(DEEPGRAM + 'base_url = "http://dg.example.com"\n' + APP + ROUTE, DEEPGRAM_ENV)
+    assert any("plain http://" in w for w in public.warnings)
+    private = parse(DEEPGRAM + 'base_url = "http://10.0.0.7:8080"\n' + APP + ROUTE, DEEPGRAM_ENV)
+    assert private.warnings == ()
+
+
+def test_app_may_name_a_deepgram_voice_once_deepgram_is_configured() -> None:
+    local = {"local/en-US"}.__contains__
+    entry = app('speech = { voice = "deepgram/aura-2-thalia-en" }') + ROUTE
+    config = parse(DEEPGRAM + entry, DEEPGRAM_ENV, known_voice=local)
+    assert config.apps["a"].speech.voice == "deepgram/aura-2-thalia-en"
+    extra = DEEPGRAM + 'voices = ["aura-2-newvoice-fr"]\n'
+    entry_fr = app('speech = { voice = "deepgram/aura-2-newvoice-fr" }') + ROUTE
+    assert parse(extra + entry_fr, DEEPGRAM_ENV, known_voice=local).apps["a"]
+    assert problems(entry, known_voice=local) == [
+        'apps[0].speech.voice: unknown voice "deepgram/aura-2-thalia-en"'
+    ]
+    assert problems(
+        DEEPGRAM + app('speech = { voice = "deepgram/aura-9-nobody-en" }') + ROUTE,
+        DEEPGRAM_ENV,
+        known_voice=local,
+    ) == ['apps[0].speech.voice: unknown voice "deepgram/aura-9-nobody-en"']
