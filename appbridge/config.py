@@ -159,6 +159,10 @@ class SpeechDefaults:
 
     voice: str = "local/en-US"
     language: str = "en-US"
+    # Which STT listens to the caller: "auto" (the voice's provider when it has STT, else
+    # local), "local", "deepgram", or "none" (VAD-only turn events, no transcripts: the cheap
+    # choice for apps that bring their own recognition).
+    stt: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +378,12 @@ def parse_config(
             "carriers.twilio is set but server.public_url is not: TwiML stream URLs and signature "
             f"checks use {server.base_url()}, which Twilio cannot reach from the internet"
         )
+    if speech is None or speech.deepgram is None:
+        for index, app in enumerate(apps.values()):
+            if app.speech.stt == "deepgram":
+                reader.problem(
+                    f"apps[{index}].speech.stt", '"deepgram" needs a [speech.deepgram] section'
+                )
     if reader.problems:
         raise ConfigError(reader.problems)
     return Config(

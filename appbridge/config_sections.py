@@ -385,7 +385,7 @@ def _parse_speech(
     speech = reader.table(table, "speech", path)
     if speech is None:
         return defaults
-    reader.check_keys(path, speech, ("voice", "language"))
+    reader.check_keys(path, speech, ("voice", "language", "stt"))
     voice = reader.string(speech, "voice", key_path(path, "voice"), max_chars=MAX_REF_CHARS)
     if voice is not None:
         if known_voice is not None and not known_voice(voice):
@@ -401,7 +401,17 @@ def _parse_speech(
             key_path(path, "language"),
             f"expected a BCP-47 language tag such as en-US, got {describe(language)}",
         )
-    return SpeechDefaults(voice or defaults.voice, language or defaults.language)
+    stt = reader.string(speech, "stt", key_path(path, "stt"), max_chars=32) or defaults.stt
+    if stt not in STT_CHOICES:
+        reader.problem(
+            key_path(path, "stt"),
+            f"expected one of {', '.join(sorted(STT_CHOICES))}, got {describe(stt)}",
+        )
+        stt = defaults.stt
+    return SpeechDefaults(voice or defaults.voice, language or defaults.language, stt)
+
+
+STT_CHOICES = frozenset({"auto", "local", "deepgram", "none"})
 
 
 def _parse_audio(reader: Reader, path: str, table: Mapping[str, Any]) -> AudioConfig:

@@ -88,9 +88,15 @@ class Gateway:
         if "local" not in self.stt_providers:
             self.stt_providers["local"] = LocalSttProvider()
 
-    def stt_for(self, voice_id: str) -> SttProvider:
-        """The STT of the app's speech provider (``deepgram/...`` → Deepgram), else ``local``.
-        Chosen once per call; a provider that fails is reported, never swapped."""
+    def stt_for(self, voice_id: str, choice: str = "auto") -> SttProvider | None:
+        """The STT a call listens with: ``speech.stt`` of its app, where ``auto`` means the
+        voice's provider (``deepgram/...`` → Deepgram) when it has STT, else ``local``; ``none``
+        means VAD-only turns. Chosen once per call; a failing provider is reported, never
+        swapped for another."""
+        if choice == "none":
+            return None
+        if choice != "auto":
+            return self.stt_providers.get(choice)
         name = voice_id.split("/", 1)[0]
         return self.stt_providers.get(name) or self.stt_providers["local"]
 

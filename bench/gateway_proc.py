@@ -97,7 +97,7 @@ ref = "bench-{k}"
 url = "{url}"
 protocol = "fonoster"
 signing_secret = "${{BENCH_APP_SECRET}}"
-speech = {{ voice = "local/en-US", language = "en-US" }}
+speech = {{ voice = "local/en-US", language = "en-US", stt = "none" }}
 audio = {{ codec = "pcm16", rate = 16000 }}
 """
         for k, url in enumerate(spec.app_urls)

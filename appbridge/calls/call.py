@@ -225,7 +225,7 @@ class Call:
         self._build_converters(fmt)
         self.ears = Ears(
             self,
-            self.gw.stt_for(self.app.speech.voice),
+            self.gw.stt_for(self.app.speech.voice, self.app.speech.stt),
             fmt,
             language=self.app.speech.language,
         )

@@ -55,7 +55,7 @@ class Ears:
     def __init__(
         self,
         call: Call,
-        provider: SttProvider,
+        provider: SttProvider | None,
         carrier_format: AudioFormat,
         *,
         language: str,
@@ -85,6 +85,8 @@ class Ears:
         self._opening = self.call.spawn(self._open(), "stt-open")
 
     async def _open(self) -> None:
+        if self.provider is None:
+            return  # speech.stt = "none": VAD-only turns
         try:
             stream = await self.provider.open_stream(self.language, self.format.rate_hz, self.hints)
         except SpeechError as exc:
@@ -112,9 +114,8 @@ class Ears:
             self._report(exc)
 
     def _report(self, exc: SpeechError) -> None:
-        log.warning(
-            "call %s: STT provider %s failed: %s", self.call.call_ref, self.provider.name, exc
-        )
+        name = self.provider.name if self.provider is not None else "none"
+        log.warning("call %s: STT provider %s failed: %s", self.call.call_ref, name, exc)
         if not self._failed_reported:
             self._failed_reported = True
             self.call.send_error(exc.code, str(exc), "listen")  # type: ignore[arg-type]

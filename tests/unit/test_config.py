@@ -1096,3 +1096,16 @@ def test_app_may_name_a_deepgram_voice_once_deepgram_is_configured() -> None:
         DEEPGRAM_ENV,
         known_voice=local,
     ) == ['apps[0].speech.voice: unknown voice "deepgram/aura-9-nobody-en"']
+
+
+def test_speech_stt_choice() -> None:
+    base = {"numbers": [{"number": "*", "app": "a"}]}
+    app = {"ref": "a", "url": "ws://127.0.0.1:9/x"}
+    assert parse_config({**base, "apps": [app]}, {}).apps["a"].speech.stt == "auto"
+    quiet = {**app, "speech": {"stt": "none"}}
+    assert parse_config({**base, "apps": [quiet]}, {}).apps["a"].speech.stt == "none"
+    for bad, message in (("whisper", "apps[0].speech.stt: expected one of"),
+                         ("deepgram", "apps[0].speech.stt: \"deepgram\" needs")):
+        with pytest.raises(ConfigError) as err:
+            parse_config({**base, "apps": [{**app, "speech": {"stt": bad}}]}, {})
+        assert any(p.startswith(message) for p in err.value.problems), err.value.problems
