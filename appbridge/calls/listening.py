@@ -70,7 +70,9 @@ class Ears:
         self.language = language
         self.hints: list[str] = []
         now = call.gw.clock.now()
-        self.detector = TurnDetector(now, patience=patience, language=language)
+        self.detector = TurnDetector(
+            now, patience=patience, language=language, transcripts=provider is not None
+        )
         self.stream: SttStream | None = None
         self._reader: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[None] | None = None

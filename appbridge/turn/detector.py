@@ -193,7 +193,11 @@ class TurnDetector:
         *,
         timing: TurnTiming | None = None,
         emit_estimates: bool = True,
+        transcripts: bool = True,
     ) -> None:
+        # ``transcripts=False``: no STT behind this detector (``speech.stt = "none"``). Turns
+        # then end on the pause timers alone, with empty text; nothing waits for words.
+        self._transcripts = transcripts
         self._t = timing or TurnTiming()
         self._patience: Patience = _patience(patience)
         self._language = language
@@ -416,16 +420,17 @@ class TurnDetector:
         if self._phase is Phase.CANDIDATE and not self._speaking:
             pending.append((self._last_speech + self._t.candidate_wait_s, "candidate"))
         elif self._phase is Phase.TURN:
-            if not self._words_seen:
+            words = self._words_seen or not self._transcripts
+            if not words:
                 pending.append((self._started_at + self._t.abandon_s, "abandon"))
             if not self._speaking:
                 wait = self.wait_s()
                 likely_at = self._last_speech + self.hold_s()
                 end_at = self._last_speech + wait
-                if self._words_seen:
+                if words:
                     if not self._likely_sent and likely_at < end_at - _EPS:
                         pending.append((likely_at, "likely"))
-                    if not self._fresh_final:
+                    if not self._fresh_final and self._transcripts:
                         end_at += self._t.final_wait_s
                     pending.append((end_at, "end"))
         return min(pending) if pending else None

@@ -537,3 +537,25 @@ def test_synthesised_noise_burst_is_dropped_or_abandoned() -> None:
     ended = result.events[-1][1]
     assert isinstance(ended, Ended) and ended.abandoned and ended.text == ""
     assert result.events[-1][0] - result.events[0][0] == pytest.approx(10.0)
+
+
+def test_without_transcripts_turns_end_on_the_pause_alone() -> None:
+    from appbridge.turn.detector import Ended, LikelyEnded, TurnDetector, UserStarted
+
+    det = TurnDetector(0.0, patience="normal", transcripts=False, emit_estimates=False)
+    events = []
+    t = 0.0
+    for _ in range(60):  # 1.2 s of speech
+        t += 0.02
+        events += det.on_frame(t, True)
+    last_speech = t
+    while t < last_speech + 2.0:
+        t += 0.02
+        events += det.on_frame(t, False)
+        deadline = det.next_deadline()
+        if deadline is not None and deadline <= t:
+            events += det.on_timer(t)
+    kinds = [type(e) for e in events]
+    assert kinds == [UserStarted, LikelyEnded, Ended]
+    ended = events[-1]
+    assert isinstance(ended, Ended) and ended.abandoned is False and ended.text == ""
