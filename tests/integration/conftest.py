@@ -30,8 +30,14 @@ class Env:
 
 
 def make_config(port: int, rest_base: str, apps: list[dict[str, Any]], **extra: Any) -> Config:
+    server_extra = extra.pop("server_extra", {})
     data: dict[str, Any] = {
-        "server": {"host": "127.0.0.1", "port": port, "public_url": f"http://127.0.0.1:{port}"},
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "public_url": f"http://127.0.0.1:{port}",
+            **server_extra,
+        },
         "api": {"tokens": [API_TOKEN]},
         "carriers": {
             "twilio": {"account_sid": ACCOUNT_SID, "auth_token": AUTH_TOKEN, "api_base": rest_base}

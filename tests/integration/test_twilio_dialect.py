@@ -260,3 +260,48 @@ async def test_caller_hangup_sends_stop() -> None:
         stops = await session.wait_for("stop", timeout=5)
         assert stops[0]["stop"] == {"accountSid": HTTP_SID, "callSid": call.call_sid}
         await asyncio.wait_for(session.closed.wait(), 5)
+
+
+async def test_a_twilio_dialect_listener_is_read_only() -> None:
+    app, listener = TwilioApp(), TwilioApp()
+    async with (
+        serve(app.handler, "127.0.0.1", 0) as s1,
+        serve(listener.handler, "127.0.0.1", 0) as s2,
+    ):
+        app.port = s1.sockets[0].getsockname()[1]
+        listener.port = s2.sockets[0].getsockname()[1]
+
+        def apps(_: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "ref": "tw",
+                    "url": app.url,
+                    "protocol": "twilio",
+                    "workspace_ref": HTTP_SID,
+                    "listeners": [{"url": listener.url, "tracks": "both"}],
+                }
+            ]
+
+        async with gateway_env(apps) as env:
+            call = await env.twilio.place_call("+15550001111", "+15550002222")
+            session = await asyncio.wait_for(app.sessions.get(), 10)
+            lsession = await asyncio.wait_for(listener.sessions.get(), 10)
+            await session.wait_for("start")
+            sid = session.messages[1]["streamSid"]
+            await call.send_audio_ulaw(ulaw_encode(tone_pcm16(800, 300, 8000)))
+            await session.send(
+                {
+                    "event": "media",
+                    "streamSid": sid,
+                    "media": {"payload": base64.b64encode(b"\x20" * 1600).decode()},
+                }
+            )
+            await lsession.send({"event": "clear", "streamSid": sid})  # read-only: ignored
+            media = await lsession.wait_for("media", n=20, timeout=10)
+            assert [m["event"] for m in lsession.messages[:2]] == ["connected", "start"]
+            assert {m["media"]["track"] for m in media} <= {"inbound", "outbound"}
+            await lsession.wait_for("media", n=40, timeout=10)
+            tracks = {m["media"]["track"] for m in lsession.messages if m["event"] == "media"}
+            assert tracks == {"inbound", "outbound"}
+            assert call.clears_received == 0
+            assert all(isinstance(f, str) for f in lsession.frames)
