@@ -12,6 +12,7 @@ import logging
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -25,6 +26,9 @@ from appbridge.speech.base import SttProvider
 from appbridge.speech.catalog import SpeechCatalog, build_catalog
 from appbridge.speech.providers.deepgram_stt import DeepgramSttProvider
 from appbridge.speech.providers.local_stt import LocalSttProvider
+
+if TYPE_CHECKING:
+    from appbridge.carriers.sip.inbound import SipService
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,8 @@ class Gateway:
             self.stt_providers["deepgram"] = DeepgramSttProvider.from_config(deepgram)
         if "local" not in self.stt_providers:
             self.stt_providers["local"] = LocalSttProvider()
+        # -- SIP carrier (issue 6): started and stopped with the gateway when [sip] is set.
+        self.sip: SipService | None = None
 
     def stt_for(self, voice_id: str, choice: str = "auto") -> SttProvider | None:
         """The STT a call listens with: ``speech.stt`` of its app, where ``auto`` means the
@@ -123,15 +129,30 @@ class Gateway:
 
     async def start(self) -> None:
         self.media_clock.start()
-        for provider in self.stt_providers.values():
+        # -- SIP carrier (issue 6) --
+        if self.config.sip is not None:
+            from appbridge.carriers.sip.inbound import SipService
+
+            self.sip = SipService(self, self.config.sip)
+            await self.sip.start()
+        # Load the models of the STT providers the apps use, in the background: the first call
+        # must not wait, and a model no app needs costs no memory.
+        used = {
+            self.stt_for(app.speech.voice, app.speech.stt) for app in self.config.apps.values()
+        }
+        for provider in used:
             preload = getattr(provider, "preload", None)
             if preload is not None:
-                preload()  # load models in the background: the first call must not wait
+                preload()
 
     async def stop(self) -> None:
         # Calls still live when the gateway stops (a drain that ran out): the drain timed out.
         for call in self.registry:
             await call.end("timeout")
+        # -- SIP carrier (issue 6) --
+        if self.sip is not None:
+            await self.sip.stop()
+            self.sip = None
         await close_all(timeout_s=1.0)
         await self.media_clock.stop()
         await _aclose_all([*self.catalog.providers(), *self.stt_providers.values()])

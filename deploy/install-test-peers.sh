@@ -91,5 +91,22 @@ install_pipecat() {
   echo "install-test-peers: Pipecat ready in $((SECONDS - started)) s"
 }
 
+# sipp (Debian package sip-tester) for tests/integration/test_sip_sipp.py (issue 6).
+install_sipp() {
+  if command -v sipp >/dev/null 2>&1; then
+    return 0
+  fi
+  if [[ "$(id -u)" != "0" ]] || ! command -v apt-get >/dev/null 2>&1; then
+    fail "sipp is missing; install the Debian package sip-tester (needs root and apt-get)"
+  fi
+  echo "install-test-peers: installing sip-tester (sipp) with apt-get"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sip-tester; } \
+    >/dev/null 2>&1; then
+    fail "apt-get could not install sip-tester"
+  fi
+  command -v sipp >/dev/null 2>&1 || fail "sip-tester was installed but sipp is not on PATH"
+}
+
 install_pipecat
+install_sipp
 exit 0

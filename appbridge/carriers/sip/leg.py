@@ -1,0 +1,312 @@
+"""The SIP call leg: a :class:`~appbridge.carriers.base.CarrierLeg` over RTP.
+
+Theory of operation
+-------------------
+RTP must flow every 20 ms whatever the app does (RFC 3550 §5.1: the timestamp runs with the
+sampling clock), so the leg sends exactly one packet per media-clock tick. The call engine
+(``calls/call.py``) asks ``frames_wanted`` once per tick and then hands over at most one frame
+with ``send_frame``; when its queue is empty it hands over nothing. The leg therefore *holds*
+the tick's frame and finishes the tick itself, just after the engine's tick runs
+(``frames_wanted`` defers :meth:`SipLeg.end_tick` with ``loop.call_soon``): it sends the frame,
+or the codec's silence when none came, or RFC 4733 event packets while a ``dtmf.send`` plays (the
+audio clock then keeps running with ``RtpSender.skip``, RFC 4733 §2.5.1.2). The same hook plays
+the caller's side out of the jitter buffer: one ``on_carrier_audio`` per frame due.
+
+Incoming datagrams (``datagram_received``) go through :class:`~.rtp.RtpReceiver` (symmetric
+RTP: we send to where the caller's RTP comes from, RFC 4961), then telephone-events by payload
+type to :class:`~.dtmf4733.Rfc4733Receiver` (one ``on_carrier_dtmf`` per keypress, RFC 4733
+§2.5.2) and audio to the :class:`~.jitter.JitterBuffer`.
+
+Time is an argument (``now``) everywhere except in the thin asyncio glue, so the pacing is
+unit-tested in virtual time (tests/unit/sip/test_sip_leg.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from appbridge.carriers.base import CarrierEvents, TransferError
+from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
+from appbridge.carriers.sip.jitter import JitterBuffer
+from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
+from appbridge.carriers.sip.sdp import NegotiatedAudio
+from appbridge.clock import Clock
+from appbridge.media.codecs import PCMU_8K, AudioFormat
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+PCMA_8K = AudioFormat("pcma", 8000)
+#: The codecs the leg can carry: the engine's formats have no G.722 yet (media/codecs.py).
+LEG_CODECS: tuple[str, ...] = ("PCMU", "PCMA")
+RTP_QUARANTINE_S = 10.0  # a released port is not reused for this long (late packets of a call)
+
+
+def audio_format_for(codec_name: str) -> AudioFormat:
+    if codec_name == "PCMA":
+        return PCMA_8K
+    if codec_name == "PCMU":
+        return PCMU_8K
+    raise ValueError(f"the SIP leg cannot carry {codec_name}")
+
+
+class RtpPortPool:
+    """Even RTP ports from ``[sip] rtp_ports`` (RFC 3550 §11: RTP on even ports), handed out
+    in turn; a released port rests ``quarantine_s`` before reuse so that a previous call's late
+    packets never reach a new call."""
+
+    def __init__(self, low: int, high: int, *, quarantine_s: float = RTP_QUARANTINE_S) -> None:
+        first = low + (low % 2)
+        self._free: deque[int] = deque(range(first, high + 1, 2))
+        self._resting: deque[tuple[float, int]] = deque()
+        self._quarantine_s = quarantine_s
+
+    def __len__(self) -> int:
+        return len(self._free) + len(self._resting)
+
+    def acquire(self, now: float) -> int | None:
+        while self._resting and self._resting[0][0] <= now:
+            self._free.append(self._resting.popleft()[1])
+        return self._free.popleft() if self._free else None
+
+    def release(self, port: int, now: float) -> None:
+        self._resting.append((now + self._quarantine_s, port))
+
+
+class SipLeg:
+    """One SIP call's media, seen from the call engine (module doc)."""
+
+    carrier = "sip"
+
+    def __init__(
+        self,
+        negotiated: NegotiatedAudio,
+        *,
+        clock: Clock,
+        send_datagram: Callable[[bytes, Address], None] | None = None,
+        on_hangup: Callable[[], Awaitable[None]] | None = None,
+        defer: Callable[[Callable[[], None]], Any] | None = None,
+        ssrc: int | None = None,
+        initial_sequence: int | None = None,
+        initial_timestamp: int | None = None,
+    ) -> None:
+        codec = negotiated.codec
+        self.audio_format: AudioFormat = audio_format_for(codec.name)
+        self._clock = clock
+        self._send_datagram = send_datagram
+        self._on_hangup = on_hangup
+        self._defer = defer
+        self.negotiated = negotiated
+        self.rtp = RtpSender(
+            payload_type=negotiated.send_payload_type,
+            frame_units=codec.frame_units,
+            event_payload_type=negotiated.send_event_payload_type,
+            ssrc=ssrc,
+            initial_sequence=initial_sequence,
+            initial_timestamp=initial_timestamp,
+        )
+        self.receiver = RtpReceiver(
+            payload_types=negotiated.receive_payload_types,
+            clock_rate_hz=codec.rtp_clock_hz,
+            remote_address=(negotiated.remote_address, negotiated.remote_port),
+        )
+        self.jitter = JitterBuffer(clock_rate_hz=codec.rtp_clock_hz)
+        self.dtmf_in = Rfc4733Receiver()
+        self.dtmf_out = Rfc4733Sender(clock_rate_hz=codec.rtp_clock_hz)
+        self._silence = self.audio_format.silence(20)
+        self.events: CarrierEvents | None = None
+        self._pending: bytes | None = None
+        self._tick_open = False
+        self.closed = False
+        self._hung_up = False
+        self.frames_sent = 0  # audio packets (app audio or silence)
+        self.silence_sent = 0
+        self.events_sent = 0  # RFC 4733 packets
+        self.frames_delivered = 0  # caller frames handed to the engine
+
+    # -- media changes (re-INVITE) -------------------------------------------------------------
+    def update_media(self, negotiated: NegotiatedAudio) -> None:
+        """A new offer/answer (RFC 3264 §8): follow the address, payload types and direction;
+        SSRC, sequence and timestamps carry on (RFC 3550 §5.1)."""
+        moved = (negotiated.remote_address, negotiated.remote_port) != (
+            self.negotiated.remote_address,
+            self.negotiated.remote_port,
+        )
+        self.negotiated = negotiated
+        self.rtp.set_payload_type(negotiated.send_payload_type, negotiated.codec.frame_units)
+        self.rtp.set_event_payload_type(negotiated.send_event_payload_type)
+        self.receiver.set_payload_types(negotiated.receive_payload_types)
+        if moved:
+            self.receiver.reset_latch((negotiated.remote_address, negotiated.remote_port))
+
+    # -- CarrierLeg ------------------------------------------------------------------------------
+    def attach(self, events: CarrierEvents) -> None:
+        self.events = events
+
+    def frames_wanted(self, playing: bool) -> int:
+        """Always one: RTP goes out on every tick (silence when nothing plays). Opens the tick
+        that :meth:`end_tick` closes once the engine's tick is over."""
+        if not self._tick_open and not self.closed:
+            self._tick_open = True
+            defer = self._defer or asyncio.get_running_loop().call_soon
+            defer(self._end_tick_now)
+        return 1
+
+    def send_frame(self, frame: bytes) -> None:
+        self._pending = frame
+
+    def clear_output(self) -> None:
+        """Nothing is buffered downstream of the engine: each frame leaves on its tick."""
+
+    def send_dtmf(self, digits: str) -> bool:
+        """RFC 4733 out (RFC 4733 §2.5.1); the engine keeps in-band tones out of the stream."""
+        if self.negotiated.send_event_payload_type is None:
+            return False
+        try:
+            self.dtmf_out.send(digits, self._clock.now())
+        except ValueError:
+            return False
+        return True
+
+    async def transfer(
+        self, target: str, mode: str, headers: dict[str, str] | None, music: str | None
+    ) -> None:
+        raise TransferError("feature_not_supported", "transfers of SIP calls are not available yet")
+
+    async def hangup(self) -> None:
+        """BYE (through the call flow's callback), then let the media go. Safe to call twice."""
+        if self._hung_up:
+            return
+        self._hung_up = True
+        if self._on_hangup is not None:
+            await self._on_hangup()
+        await self.close()
+
+    async def close(self) -> None:
+        self.closed = True
+
+    # -- the tick --------------------------------------------------------------------------------
+    def _end_tick_now(self) -> None:
+        self.end_tick(self._clock.now())
+
+    def end_tick(self, now: float) -> None:
+        """Finish one media tick: caller audio to the engine, one packet (or events) out."""
+        self._tick_open = False
+        frame, self._pending = self._pending, None
+        if self.closed:
+            return
+        self._play_in(now)
+        for digit in self.dtmf_in.poll(now):
+            del digit  # an event that timed out was already reported when it started
+        dtmf = self.dtmf_out
+        if dtmf.busy or dtmf.next_deadline() is not None:
+            for ev in dtmf.poll(now, self.rtp.timestamp):
+                self._send(self.rtp.event(ev.payload, timestamp=ev.timestamp, marker=ev.marker))
+                self.events_sent += 1
+            if dtmf.busy or dtmf.next_deadline() is not None:
+                self.rtp.skip()  # the audio clock runs on under the event (RFC 4733 §2.5.1.2)
+                return
+        if not self.negotiated.send:
+            self.rtp.skip()  # the caller holds (sendonly/inactive offer): no media to them
+            return
+        if frame is None:
+            frame = self._silence
+            self.silence_sent += 1
+        self.frames_sent += 1
+        self._send(self.rtp.audio(frame))
+
+    def _play_in(self, now: float) -> None:
+        events = self.events
+        while True:
+            out = self.jitter.pop(now)
+            if out is None:
+                return
+            if events is not None:
+                payload = out.payload
+                if not payload or len(payload) != len(self._silence):
+                    payload = self._silence
+                self.frames_delivered += 1
+                events.on_carrier_audio(payload)
+
+    def _send(self, packet: bytes) -> None:
+        addr = self.receiver.send_address
+        if addr is None or self._send_datagram is None or addr[1] == 0:
+            return
+        self._send_datagram(packet, addr)
+
+    # -- RTP in ----------------------------------------------------------------------------------
+    def datagram_received(self, data: bytes, source: Address, now: float) -> None:
+        if self.closed:
+            return
+        arrival = self.receiver.receive(data, source, now)
+        if arrival is None:
+            return
+        packet = arrival.packet
+        if arrival.source_changed:
+            self.jitter.reset()
+        if packet.payload_type == self.negotiated.receive_event_payload_type:
+            try:
+                digits = self.dtmf_in.receive(packet.payload, timestamp=packet.timestamp, now=now)
+            except ValueError:
+                return
+            for d in digits:
+                if self.events is not None:
+                    self.events.on_carrier_dtmf(d.digit)
+            return
+        if self.negotiated.receive:
+            self.jitter.push(packet, now)
+
+
+class RtpProtocol(asyncio.DatagramProtocol):
+    """The asyncio end of one leg's RTP port."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.leg: SipLeg | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.received_early = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)  # uvloop's is no subclass
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        leg = self.leg
+        if leg is None:
+            self.received_early += 1
+            return
+        leg.datagram_received(data, (str(addr[0]), int(addr[1])), self.clock.now())
+
+    def send(self, data: bytes, addr: Address) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(data, addr)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def open_rtp(
+    host: str, pool: RtpPortPool, clock: Clock, attempts: int = 20
+) -> tuple[int, RtpProtocol] | None:
+    """Bind a UDP port from ``pool`` on ``host``; a port in use elsewhere is skipped."""
+    loop = asyncio.get_running_loop()
+    for _ in range(attempts):
+        port = pool.acquire(clock.now())
+        if port is None:
+            return None
+        proto = RtpProtocol(clock)
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda p=proto: p,  # type: ignore[misc]
+                local_addr=(host, port),
+            )
+        except OSError:
+            pool.release(port, clock.now())
+            continue
+        proto.transport = transport
+        return port, proto
+    return None

@@ -1,0 +1,319 @@
+"""The asyncio shell of the SIP stack: UDP and TCP listeners, and one timer (RFC 3261 §18).
+
+It does what the package docstring (``carriers/sip/__init__.py``) lists, and nothing more:
+
+1. Frames and parses: UDP datagrams with ``parse_message``, TCP streams with
+   :class:`~.message.SipStreamFramer`. Malformed input gets 400 (505, 513) when
+   ``SipParseError.can_respond``; a message over 64 KiB is dropped on UDP and answered 513 on
+   TCP (INTERFACES §6); everything else that cannot be answered is dropped and counted. A TCP
+   connection whose framing broke is closed.
+2. Stamps ``received``/``rport`` on requests (RFC 3581), feeds the
+   :class:`~.transaction.TransactionLayer` and carries out its effects: ``Send`` on the peer's
+   transport, ``Deliver`` to the transaction user (``SipInbound``), ``Timeout`` to it as well.
+3. Keeps ONE timer at the earliest of the layer's and the user's deadlines.
+4. Sends responses over UDP to ``response_address(top Via)`` and over TCP on the request's
+   connection: a *peer* is ``("udp", host, port)`` or ``("tcp", connection id)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from appbridge.carriers.sip.headers import SipParseError
+from appbridge.carriers.sip.message import (
+    Request,
+    Response,
+    SipStreamFramer,
+    apply_received,
+    make_response,
+    parse_message,
+    response_address,
+)
+from appbridge.carriers.sip.transaction import (
+    Deliver,
+    Effect,
+    Send,
+    Timeout,
+    TransactionLayer,
+    TransportError,
+)
+from appbridge.clock import Clock
+
+log = logging.getLogger(__name__)
+
+Peer = tuple[Any, ...]  # ("udp", host, port) or ("tcp", connection id)
+TCP_IDLE_PENDING_S = 30.0  # RFC 4475 §3.1.2.2: a partial message may not wait forever
+
+
+class TransactionUser(Protocol):
+    """What the transport hands messages to (``inbound.SipInbound``)."""
+
+    def on_message(self, message: Request | Response, peer: Peer, now: float) -> None: ...
+
+    def on_timeout(self, request: Request, now: float) -> None: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def on_timer(self, now: float) -> None: ...
+
+
+@dataclass
+class TransportStats:
+    received: int = 0
+    sent: int = 0
+    malformed: int = 0  # answered 400/505/513
+    dropped: int = 0  # could not be answered
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, owner: SipTransport) -> None:
+        self.owner = owner
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)  # uvloop's is no subclass
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.owner.on_udp(self, data, (str(addr[0]), int(addr[1])))
+
+
+class _TcpConn:
+    def __init__(self, conn_id: int, writer: asyncio.StreamWriter) -> None:
+        self.conn_id = conn_id
+        self.writer = writer
+        self.framer = SipStreamFramer()
+
+
+class SipTransport:
+    """Listeners from ``[sip] listen`` around one transaction layer (module doc)."""
+
+    def __init__(self, listen: tuple[str, ...], clock: Clock, layer: TransactionLayer) -> None:
+        self.listen = listen
+        self.clock = clock
+        self.layer = layer
+        self.user: TransactionUser | None = None
+        self.stats = TransportStats()
+        self._udp: list[_Udp] = []
+        self._servers: list[asyncio.Server] = []
+        self._conns: dict[int, _TcpConn] = {}
+        self._conn_ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self.udp_addresses: list[tuple[str, int]] = []
+        self.tcp_addresses: list[tuple[str, int]] = []
+
+    # -- life --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for entry in self.listen:
+            proto, host, port_text = _split_listen(entry)
+            port = int(port_text)
+            if proto == "udp":
+                udp = _Udp(self)
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda u=udp: u,  # type: ignore[misc]
+                    local_addr=(host, port),
+                )
+                udp.transport = transport  # uvloop calls connection_made a little later
+                sock = transport.get_extra_info("sockname")
+                self.udp_addresses.append((str(sock[0]), int(sock[1])))
+                self._udp.append(udp)
+            else:
+                server = await asyncio.start_server(self._on_tcp, host, port)
+                sock = server.sockets[0].getsockname()
+                self.tcp_addresses.append((str(sock[0]), int(sock[1])))
+                self._servers.append(server)
+        log.info("sip: listening on udp %s tcp %s", self.udp_addresses, self.tcp_addresses)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for udp in self._udp:
+            if udp.transport is not None:
+                udp.transport.close()
+        for conn in list(self._conns.values()):
+            conn.writer.close()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        self._udp.clear()
+        self._servers.clear()
+
+    @property
+    def local_host(self) -> str:
+        addrs = self.udp_addresses or self.tcp_addresses
+        return addrs[0][0] if addrs else "127.0.0.1"
+
+    def local_port(self, transport: str) -> int:
+        addrs = self.tcp_addresses if transport == "tcp" else self.udp_addresses
+        addrs = addrs or self.udp_addresses or self.tcp_addresses
+        return addrs[0][1] if addrs else 5060
+
+    # -- input -------------------------------------------------------------------------------
+    def on_udp(self, udp: _Udp, data: bytes, source: tuple[str, int]) -> None:
+        self.stats.received += 1
+        if not data.strip(b"\r\n"):
+            return  # a keepalive (RFC 5626 §4.4.1)
+        try:
+            message = parse_message(data)
+        except SipParseError as err:
+            if err.kind != "too_large" and err.can_respond:
+                self._answer_error(err, ("udp", *source), reliable=False)
+            else:
+                self.stats.dropped += 1
+            return
+        self._dispatch(message, source, reliable=False, conn=None)
+
+    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _TcpConn(next(self._conn_ids), writer)
+        self._conns[conn.conn_id] = conn
+        peername = writer.get_extra_info("peername")
+        source = (str(peername[0]), int(peername[1]))
+        try:
+            while True:
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), TCP_IDLE_PENDING_S)
+                except TimeoutError:
+                    if conn.framer.pending:
+                        break
+                    continue
+                if not data:
+                    break
+                self.stats.received += 1
+                for item in conn.framer.feed(data):
+                    if isinstance(item, SipParseError):
+                        self._stream_error(item, conn)
+                        continue
+                    try:
+                        message = parse_message(item, datagram=False)
+                    except SipParseError as err:
+                        self._stream_error(err, conn)
+                        continue
+                    self._dispatch(message, source, reliable=True, conn=conn)
+                if conn.framer.broken:
+                    break
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._conns.pop(conn.conn_id, None)
+            writer.close()
+            self._effects(self.layer.transport_error(("tcp", conn.conn_id), self.clock.now()))
+
+    def _stream_error(self, err: SipParseError, conn: _TcpConn) -> None:
+        if err.can_respond:
+            self._answer_error(err, ("tcp", conn.conn_id), reliable=True)
+        else:
+            self.stats.dropped += 1
+
+    def _answer_error(self, err: SipParseError, peer: Peer, *, reliable: bool) -> None:
+        request = err.message
+        assert isinstance(request, Request)
+        self.stats.malformed += 1
+        response = make_response(request, err.status, err.reason)
+        if not reliable:
+            try:
+                peer = ("udp", *response_address(request.top_via))
+            except SipParseError:
+                pass  # the Via could not be read: answer the source
+        self.send_to(response.serialize(), peer)
+
+    def _dispatch(
+        self,
+        message: Request | Response,
+        source: tuple[str, int],
+        *,
+        reliable: bool,
+        conn: _TcpConn | None,
+    ) -> None:
+        now = self.clock.now()
+        peer: Peer
+        if isinstance(message, Request):
+            apply_received(message, source[0], source[1])
+            if conn is not None:
+                peer = ("tcp", conn.conn_id)
+            else:
+                peer = ("udp", *response_address(message.top_via))
+        else:
+            peer = ("tcp", conn.conn_id) if conn is not None else ("udp", *source)
+        self._effects(self.layer.receive(message, peer=peer, reliable=reliable, now=now))
+
+    # -- effects and output ------------------------------------------------------------------
+    def _effects(self, effects: list[Effect]) -> None:
+        now = self.clock.now()
+        for effect in effects:
+            if isinstance(effect, Send):
+                self.send_to(effect.data, effect.peer)
+            elif isinstance(effect, Deliver) and self.user is not None:
+                peer = effect.peer
+                assert isinstance(peer, tuple)
+                self.user.on_message(effect.message, peer, now)
+            elif isinstance(effect, (Timeout, TransportError)) and self.user is not None:
+                self.user.on_timeout(effect.request, now)
+        self.rearm()
+
+    def send_to(self, data: bytes, peer: Hashable) -> None:
+        assert isinstance(peer, tuple)
+        self.stats.sent += 1
+        if peer[0] == "tcp":
+            conn = self._conns.get(peer[1])
+            if conn is None or conn.writer.is_closing():
+                log.debug("sip: tcp connection %s is gone; message dropped", peer[1])
+                return
+            conn.writer.write(data)
+            return
+        if self._udp and self._udp[0].transport is not None:
+            self._udp[0].transport.sendto(data, (peer[1], peer[2]))
+
+    def send_response(self, response: Response, peer: Peer) -> None:
+        """Through the server transaction when there is one, else statelessly."""
+        try:
+            effects = self.layer.send_response(response, self.clock.now())
+        except LookupError:
+            self.send_to(response.serialize(), peer)
+            return
+        self._effects(effects)
+
+    def send_request(self, request: Request, peer: Peer) -> None:
+        reliable = peer[0] == "tcp"
+        self._effects(
+            self.layer.send_request(request, peer=peer, reliable=reliable, now=self.clock.now())
+        )
+
+    # -- the one timer -----------------------------------------------------------------------
+    def rearm(self) -> None:
+        deadlines = [self.layer.next_deadline()]
+        if self.user is not None:
+            deadlines.append(self.user.next_deadline())
+        due = min((d for d in deadlines if d is not None), default=None)
+        if due == self._timer_at and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = due
+        if due is None:
+            return
+        delay_s = max(0.0, due - self.clock.now())
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        now = self.clock.now()
+        effects = self.layer.on_timer(now)
+        if self.user is not None:
+            self.user.on_timer(now)
+        self._effects(effects)
+
+
+def _split_listen(entry: str) -> tuple[str, str, str]:
+    """``"udp:HOST:PORT"`` (an IPv6 host in brackets) into its three parts."""
+    proto, rest = entry.split(":", 1)
+    host, port = rest.rsplit(":", 1)
+    return proto.lower(), host.strip("[]"), port
