@@ -28,7 +28,7 @@ run: install
 	$(BIN)/appbridge serve $(if $(CONFIG),--config $(CONFIG),)
 
 lint: install-test
-	$(BIN)/ruff check appbridge tests bench
+	$(BIN)/ruff check appbridge tests bench examples
 	$(BIN)/mypy
 
 test: install-test lint

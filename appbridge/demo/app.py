@@ -1,23 +1,22 @@
-"""The embedded demo app (INTERFACES §3): a fonoster.session.v1 app served by the gateway itself.
+"""The embedded demo app (INTERFACES §3), written with the voice SDK (:mod:`appbridge.sdk`).
 
 The gateway dials it over a real loopback WebSocket like any other app, so a newcomer's first call
 exercises the whole path. It greets the caller, tells them which key they pressed, and repeats
-what it heard once turn events exist (the speech issue). It is deliberately written against the
-wire protocol only, with nothing from the gateway's internals.
+what it heard at the end of each turn. It uses nothing from the gateway's internals: it is an
+ordinary SDK app that the gateway happens to serve at ``WS /demo/session``, and a readable first
+example of the SDK.
+
+The embedded default dials it without a signing secret (loopback only), so it verifies nothing.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import TYPE_CHECKING, Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from appbridge.sdk import AppServer, DtmfEvent, Session, TurnEnded
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
-
-log = logging.getLogger(__name__)
 
 GREETING = (
     "Hello, and welcome to the App Bridge demo. "
@@ -26,44 +25,23 @@ GREETING = (
 _DIGIT_WORDS = {"*": "star", "#": "pound"}
 
 
+async def demo(session: Session) -> None:
+    """Greets, then answers every keypress and every turn until the call ends."""
+    session.say(GREETING)
+    async for event in session:
+        if isinstance(event, DtmfEvent):
+            word = _DIGIT_WORDS.get(event.digit, event.digit)
+            session.say(f"You pressed {word}.", preempt=True)
+        elif isinstance(event, TurnEnded) and event.text:
+            session.say(f"You said: {event.text}")
+
+
 class DemoAppEndpoint:
+    """The ASGI WebSocket endpoint the gateway mounts at ``/demo/session``."""
+
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
+        self.server = AppServer(demo, secrets=None, path=None)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        ws = WebSocket(scope, receive, send)
-        await ws.accept()
-        try:
-            await self._session(ws)
-        except WebSocketDisconnect:
-            pass
-
-    async def _session(self, ws: WebSocket) -> None:
-        while True:
-            message = await ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            text = message.get("text")
-            if text is None:
-                continue  # caller audio: the demo does not use it directly
-            try:
-                event = json.loads(text)
-            except ValueError:
-                continue
-            kind = event.get("type")
-            if kind == "session.start":
-                await ws.send_text(
-                    json.dumps({"type": "speak", "id": "greeting", "text": GREETING})
-                )
-            elif kind == "dtmf":
-                digit = str(event.get("digit", ""))
-                word = _DIGIT_WORDS.get(digit, digit)
-                await ws.send_text(
-                    json.dumps({"type": "speak", "text": f"You pressed {word}.", "preempt": True})
-                )
-            elif kind == "turn.ended" and event.get("text"):
-                await ws.send_text(
-                    json.dumps({"type": "speak", "text": f"You said: {event['text']}"})
-                )
-            elif kind == "session.end":
-                return
+        await self.server(scope, receive, send)
