@@ -16,6 +16,9 @@ class CallRegistry:
     def __init__(self) -> None:
         self._live: dict[str, Call] = {}
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Fields that replace a call's own description once it ends: an outbound call that ends
+        # before the answer records its outcome here (busy, no-answer...; carriers/sip/outbound).
+        self._final_fields: dict[str, dict[str, Any]] = {}
         self.total_started = 0
         self.total_rejected = 0
 
@@ -31,10 +34,19 @@ class CallRegistry:
     def remove(self, call: Call) -> None:
         if self._live.get(call.call_ref) is call:
             del self._live[call.call_ref]
-        self._recent[call.call_ref] = call.describe()
+        described = call.describe()
+        described.update(self._final_fields.pop(call.call_ref, {}))
+        self._recent[call.call_ref] = described
         self._recent.move_to_end(call.call_ref)
         while len(self._recent) > RECENT_LIMIT:
             self._recent.popitem(last=False)
+
+    def set_final_fields(self, call_ref: str, fields: dict[str, Any]) -> None:
+        """What the record of ``call_ref`` says once it ends (pre-answer outcomes)."""
+        self._final_fields[call_ref] = dict(fields)
+
+    def clear_final_fields(self, call_ref: str) -> None:
+        self._final_fields.pop(call_ref, None)
 
     def describe(self, call_ref: str) -> dict[str, Any] | None:
         call = self._live.get(call_ref)

@@ -7,6 +7,7 @@ wrong methods, so a client never has to parse an HTML page.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from typing import Any
 from urllib.parse import parse_qsl
@@ -91,12 +92,29 @@ def build_app(gw: Gateway) -> Starlette:
         return JSONResponse({"calls": calls})
 
     async def create_call(request: Request) -> Response:
+        """INTERFACES §5: checks in carriers/sip/outbound.py; 201 once the INVITE is out."""
+        from appbridge.carriers.sip.outbound import OutboundError, parse_call_request
+
         if not _bearer_ok(gw, request):
             return _unauthorized()
-        return error(
-            501,
-            "not_implemented",
-            "outbound calls come with the SIP carrier; this build answers inbound calls only",
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return error(413, "too_large", f"call requests are limited to {MAX_FORM_BYTES} bytes")
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return error(400, "bad_request", "the body must be JSON")
+        try:
+            req = parse_call_request(gw, data)
+            if gw.sip is None:
+                raise OutboundError(503, "unavailable", "the SIP carrier is not running")
+            call = await gw.sip.outbound.place(req)
+        except OutboundError as exc:
+            return error(exc.status, exc.code, exc.message)
+        return JSONResponse(
+            {"callRef": call.call_ref, "status": "dialing"},
+            status_code=201,
+            headers={"Location": f"/v1/calls/{call.call_ref}"},
         )
 
     async def get_call(request: Request) -> Response:

@@ -163,7 +163,7 @@ async def test_http_bad_requests_get_json_errors(env: Env) -> None:
         r = await client.post(
             "/v1/calls", json={"app": "main"}, headers={"Authorization": f"Bearer {API_TOKEN}"}
         )
-        assert r.status_code == 501 and r.json()["error"] == "not_implemented"
+        assert r.status_code == 400 and "E.164" in r.json()["message"]
 
 
 async def test_a_slow_app_never_affects_another_call(env: Env) -> None:

@@ -33,6 +33,7 @@ from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
 from appbridge.carriers.sip.numbers import called_number, caller_number
+from appbridge.carriers.sip.outbound import SipOutbound
 from appbridge.carriers.sip.sdp import (
     NegotiatedAudio,
     OfferAnswerError,
@@ -86,6 +87,7 @@ class SipInbound:
         self.pool = RtpPortPool(*cfg.rtp_ports)
         self.calls: dict[str, SipCall] = {}  # by Call-ID
         self.rejected: dict[int, int] = {}  # status → count
+        self.outbound: SipOutbound | None = None  # outbound calls' messages go there first
 
     # -- admission ---------------------------------------------------------------------------
     def source_allowed(self, host: str) -> bool:
@@ -110,6 +112,8 @@ class SipInbound:
 
     # -- TransactionUser -------------------------------------------------------------------------
     def on_message(self, message: Request | Response, peer: Peer, now: float) -> None:
+        if self.outbound is not None and self.outbound.on_message(message, peer, now):
+            return
         if isinstance(message, Response):
             return  # responses to our BYE: nothing more to do (a stray 2xx needs no ACK here)
         method = message.method
@@ -136,6 +140,8 @@ class SipInbound:
                 self._respond(message, peer, 400, exc.reason)
 
     def on_timeout(self, request: Request, now: float) -> None:
+        if self.outbound is not None and self.outbound.on_timeout(request, now):
+            return
         log.debug("sip: %s %s timed out", request.method, request.call_id)
 
     def next_deadline(self) -> float | None:
@@ -462,12 +468,15 @@ class SipService:
         self.layer = layer or TransactionLayer()
         self.transport = SipTransport(cfg.listen, gw.clock, self.layer)
         self.inbound = SipInbound(gw, self.transport, cfg)
+        self.outbound = SipOutbound(gw, self.transport, cfg, self.inbound.pool)
+        self.inbound.outbound = self.outbound
         self.transport.user = self.inbound
 
     async def start(self) -> None:
         await self.transport.start()
 
     async def stop(self) -> None:
+        self.outbound.close()
         for sc in list(self.inbound.calls.values()):
             if sc.cleanup is not None:
                 sc.cleanup.cancel()
