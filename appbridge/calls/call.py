@@ -337,13 +337,20 @@ class Call:
         link = self.link
         if link is None or self.state != "active" or self.control.on_hold:
             return  # INTERFACES §6: on hold the app receives no caller frames at all
-        if self.ears is not None:
-            self.ears.on_carrier_frame(payload)
         conv = self._in_conv
         assert conv is not None
+        frames = conv.convert(payload)
+        ears = self.ears
+        if ears is not None:
+            # The ears listen in pcm16; when that is the session's format too, the frames just
+            # converted for the app serve them as they are (one conversion per frame, not two).
+            if ears.format == self.session_format:
+                ears.on_frames(frames)
+            else:
+                ears.on_carrier_frame(payload)
         encoder = self.encoder
         listeners = self.listeners
-        for frame in conv.convert(payload):
+        for frame in frames:
             if encoder.audio_is_text:
                 elapsed = self.elapsed_ms()
                 link.send_audio(encoder.audio(INBOUND_TRACK, frame, elapsed), text=True)

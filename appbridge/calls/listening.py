@@ -134,10 +134,17 @@ class Ears:
 
     # -- frames
     def on_carrier_frame(self, payload: bytes) -> None:
+        """A carrier frame, converted here to the ears' format."""
+        if self.paused or self.closed:
+            return
+        self.on_frames(self._conv.convert(payload))
+
+    def on_frames(self, frames: Sequence[bytes]) -> None:
+        """Frames already in the ears' format (20 ms pcm16)."""
         if self.paused or self.closed:
             return
         now = self.call.gw.clock.now()
-        for frame in self._conv.convert(payload):
+        for frame in frames:
             stream = self.stream
             if stream is not None:
                 stream.feed(frame)
