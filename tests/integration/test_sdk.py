@@ -3,8 +3,8 @@
 The gateway runs in-process (``gateway_env``); its app URL points at an SDK ``AppServer``, which
 replaces the FakeApp of the protocol tests. The handler hands each :class:`Session` to the test,
 which drives it while the fake caller (``FakeTwilioCall``) hears, presses keys and hangs up.
-Turn events come from a scripted peer in tests/unit/test_sdk_server.py (the gateway's turn
-detector is wired (tests/integration/test_sdk_e2e.py drives it end to end)); keypresses are gathered here end to end.
+Keypresses are gathered here end to end; speech turns from the gateway's own turn detector are
+driven in tests/integration/test_sdk_e2e.py, and scripted ones in tests/unit/test_sdk_server.py.
 """
 
 from __future__ import annotations
