@@ -11,7 +11,8 @@
 #
 # Environment: PYTHON (the interpreter for the new venv, >= 3.11; default python3.11 or python3),
 # PIPECAT_VENV (default .venv-pipecat, relative to the repo root).
-# SIP peers (sipp, baresip) and Redis join here as the issues that use them land.
+# sipp (Debian sip-tester) is installed with apt-get when missing; baresip and Redis join here
+# as the issues that use them land.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
