@@ -215,12 +215,15 @@ class SipTransport:
         request = err.message
         assert isinstance(request, Request)
         self.stats.malformed += 1
-        response = make_response(request, err.status, err.reason)
-        if not reliable:
+        if not reliable and peer[0] == "udp":
+            # RFC 3581 §4 / RFC 3261 §18.2.2: stamp received/rport from the packet's source and
+            # answer there, as for any well-formed request (a NAT'd client still hears its 400).
             try:
+                apply_received(request, str(peer[1]), int(peer[2]))
                 peer = ("udp", *response_address(request.top_via))
             except SipParseError:
                 pass  # the Via could not be read: answer the source
+        response = make_response(request, err.status, err.reason)
         self.send_to(response.serialize(), peer)
 
     def _dispatch(
