@@ -60,6 +60,9 @@ LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
 GENERATOR_CPU_LIMIT_PCT = 70.0
 #: Other processes using more than this share of the gateway's core make the step noisy.
 NOISY_PCT = 10.0
+#: ``--soak`` without ``--calls``: about 80 % of what one worker validly drives on the 2-core
+#: reference machine (150 calls under the 70 % generator bar, docs/PERFORMANCE.md).
+DEFAULT_SOAK_CALLS = 120
 REPO = Path(__file__).resolve().parent.parent
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -155,6 +158,9 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 class WorkerProc:
     """A :mod:`bench.worker` child, spoken to one JSON line at a time."""
 
+    #: The worker's module (``bench.soak_worker`` for ``--soak``).
+    module = "bench.worker"
+
     def __init__(self, index: int, cpu: int | None, env: dict[str, str], log_path: Path):
         self.index = index
         self.cpu = cpu
@@ -168,7 +174,7 @@ class WorkerProc:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "bench.worker",
+                self.module,
                 str(self.index),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -506,7 +512,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.load",
         description="AppBridge load benchmark (bench/README.md).",
     )
-    parser.add_argument("--calls", type=_calls, default=[50, 200, 400], help="steps (50,200,400)")
+    parser.add_argument(
+        "--calls", type=_calls, default=None, help="steps (50,200,400; with --soak: 120)"
+    )
+    parser.add_argument(
+        "--soak",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="soak instead of a ramp: one step of --calls calls (one number), replaced as they "
+        "end, kept up SECONDS while the gateway's RSS, fds, threads and tasks are sampled",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")
@@ -534,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.calls is None:
+        args.calls = [DEFAULT_SOAK_CALLS] if args.soak is not None else [50, 200, 400]
+    if args.soak is not None and (len(args.calls) != 1 or not 0 < args.soak <= 86400):
+        print("bench: --soak takes one --calls value and 0 < SECONDS <= 86400", file=sys.stderr)
+        return 2
     if not 0 < args.hold <= 3600 or args.ramp_rate <= 0 or not 1 <= args.workers <= 64:
         print(
             "bench: --hold must be in (0, 3600], --ramp-rate > 0, --workers 1-64", file=sys.stderr
@@ -544,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="appbridge-bench-") as shim_dir:
         args.shim_dir = shim_dir
         try:
+            if args.soak is not None:
+                from bench.soak import run_soak  # bench.soak imports this module
+
+                return asyncio.run(run_soak(args))
             return asyncio.run(run(args))
         except KeyboardInterrupt:  # the gateway and the workers stop with us (PDEATHSIG)
             print("bench: interrupted", file=sys.stderr)

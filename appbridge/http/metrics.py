@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +20,12 @@ def render_metrics(gw: Gateway) -> str:
             lines.append(f"{name}{labels} {value:g}")
 
     metric("appbridge_calls_live", "gauge", "Calls in progress.", [("", len(gw.registry))])
+    metric(
+        "appbridge_asyncio_tasks",
+        "gauge",
+        "Tasks of the event loop; a soak checks it stays flat (issue 7).",
+        [("", len(asyncio.all_tasks()))],
+    )
     metric(
         "appbridge_calls_started_total",
         "counter",

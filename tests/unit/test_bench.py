@@ -291,3 +291,66 @@ def test_asyncio_loop_hides_uvloop_from_the_child_only(tmp_path: Path) -> None:
     assert env["PYTHONPATH"] == "/elsewhere"
     with pytest.raises(ValueError):
         loop_env("trio", tmp_path, env)
+
+
+# ---------------------------------------------------------------------- soak (issue 7)
+def test_least_squares_slope_recovers_a_line_and_refuses_a_point() -> None:
+    from bench.soak import least_squares_slope
+
+    line = [(t, 3.0 + 0.5 * t) for t in (0.0, 10.0, 20.0, 30.0)]
+    assert least_squares_slope(line) == pytest.approx(0.5)
+    # Noise mirrored about the middle instant leaves the slope at zero ...
+    mirrored = [(0.0, 1.0), (1.0, 3.0), (2.0, 2.0), (3.0, 3.0), (4.0, 1.0)]
+    assert least_squares_slope(mirrored) == pytest.approx(0.0)
+    # ... and by hand: cov(t, v) = 2, var(t) = 10.
+    hand = [(0.0, 1.0), (1.0, 3.0), (2.0, 1.0), (3.0, 3.0), (4.0, 2.0)]
+    assert least_squares_slope(hand) == pytest.approx(0.2)
+    assert least_squares_slope([(5.0, 1.0)]) is None
+    assert least_squares_slope([(5.0, 1.0), (5.0, 2.0)]) is None  # no spread in time
+
+
+def test_memory_is_flat_below_one_percent_per_ten_minutes_after_warm_up() -> None:
+    from bench.soak import assess
+
+    # Warm-up growth (first minute) is ignored; then 0.05 MB/min on 100 MB = 0.5 % per 10 min.
+    warm = [(float(t), 80.0 + t / 3.0) for t in range(0, 60, 10)]
+    steady = [(float(t), 100.0 + 0.05 * (t - 60) / 60.0) for t in range(60, 610, 10)]
+    trend = assess("rss_mb", "memory", warm + steady)
+    assert trend.flat is True
+    assert trend.start == 80.0 and trend.end == pytest.approx(100.45)
+    assert trend.slope_per_min == pytest.approx(0.05)
+    assert trend.allowed_10min == pytest.approx(1.0)
+    # 0.2 MB/min is 2 % per 10 min: a leak.
+    leaking = [(float(t), 100.0 + 0.2 * t / 60.0) for t in range(0, 610, 10)]
+    grown = assess("rss_mb", "memory", leaking)
+    assert grown.flat is False
+    assert grown.growth_10min == pytest.approx(2.0)
+
+
+def test_counts_are_flat_when_they_stay_in_their_range_despite_churn() -> None:
+    from bench.soak import assess
+
+    # fds wobble between 250 and 256 as calls are replaced: flat.
+    wobble = [(float(t), 250.0 + (t // 10) % 7) for t in range(0, 610, 10)]
+    assert assess("fds", "count", wobble).flat is True
+    # One task leaked per call ended (80 a minute) is far outside the range.
+    leak = [(float(t), 360.0 + 80.0 * t / 60.0) for t in range(0, 610, 10)]
+    trend = assess("asyncio_tasks", "count", leak)
+    assert trend.flat is False
+    assert trend.slope_per_min == pytest.approx(80.0)
+    # One sample catching a burst of set-ups is a transient, not growth.
+    spike = [(float(t), 300.0 + (50.0 if t == 550 else 0.0)) for t in range(0, 610, 10)]
+    assert assess("asyncio_tasks", "count", spike).flat is True
+    # A slow creep that ends above the first third's range is growth too.
+    creep = [(float(t), 100.0 + (10.0 if t > 400 else 0.0)) for t in range(0, 610, 10)]
+    assert assess("threads", "count", creep).flat is False
+
+
+def test_too_short_a_soak_gives_no_verdict() -> None:
+    from bench.soak import assess
+
+    trend = assess("fds", "count", [(0.0, 35.0), (10.0, 35.0), (20.0, 36.0)])
+    assert trend.flat is None and trend.slope_per_min is None
+    assert (trend.start, trend.end, trend.low, trend.high) == (35.0, 36.0, 35.0, 36.0)
+    with pytest.raises(ValueError):
+        assess("fds", "count", [])

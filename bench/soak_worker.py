@@ -1,0 +1,301 @@
+"""One soak load-generator process: N calls kept up for minutes, each replaced when it ends.
+
+Started by :mod:`bench.soak` as ``python -m bench.soak_worker INDEX`` and driven like
+:mod:`bench.worker` (one JSON object per line on stdin/stdout, request then answer):
+
+===============  ==============================================================================
+``start``        (implied) the fake app and, for worker 0, the fake REST API; answers their URLs
+``soak_start``   open ``calls`` slots at ``rate`` per second; each slot places a call, keeps it
+                 for a random lifetime in ``lifetime_s``, ends it, measures it, places the next;
+                 answers once the first call of every slot is up (or after ``up_timeout``)
+``sample``       CPU so far, calls up, calls placed / completed / failed
+``soak_finish``  stop replacing calls, end the live ones, answer the pooled figures
+``stop``         stop the fakes and exit
+===============  ==============================================================================
+
+Issue 7 asks that the soak "also exercise call set-up and tear-down": half of the calls end with
+the caller hanging up (Twilio ``stop``), the other half with the app sending ``hangup`` (seed 004,
+"Commands": ``session.end`` with ``app_hangup``). Each call is measured over its own life, from
+2 s after its session started to the moment it was ended, with :func:`bench.analysis.analyse_calls`,
+and its recordings are then dropped: a 10-minute soak would otherwise keep every message of some
+thousand calls. Only the measured samples are kept, in flat ``array('d')`` buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from array import array
+from typing import Any
+
+from appbridge.testing import FakeTwilio
+from bench.analysis import CallerFigures, analyse_calls
+from bench.report import summarize
+from bench.talker import AppScript
+from bench.worker import Placed, Worker, self_cpu_s
+
+#: A call's first seconds (dial, pacer lead, first burst phase) are not measured.
+SETTLE_S = 2.0
+#: Bound on waiting for one call's app session, and for a call's two ends to close.
+CALL_UP_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 10.0
+SAMPLE_FIELDS = ("jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+
+
+class SoakWorker(Worker):
+    """A :class:`bench.worker.Worker` whose calls churn instead of being held once."""
+
+    def __init__(self, index: int, **kw: str) -> None:
+        super().__init__(index, **kw)
+        self.rng = random.Random(2000 + index)
+        self.churning = False
+        self.slots: list[asyncio.Task[None]] = []
+        self.figures = CallerFigures()  # counts only; the samples go to self.samples
+        self.samples = {name: array("d") for name in SAMPLE_FIELDS}
+        self.placed_total = 0
+        self.completed = 0
+        self.failed = 0
+        self.dropped = 0  # calls that ended before their lifetime, not by us
+        self.app_hangups = 0
+        self.caller_hangups = 0
+        self.errors: dict[str, int] = {}
+        self.first_up: list[asyncio.Future[None]] = []
+
+    # ------------------------------------------------------------------ commands
+    async def soak_start(
+        self,
+        base_url: str,
+        calls: int,
+        to: str,
+        rate: float,
+        lifetime_s: tuple[float, float],
+        up_timeout: float,
+    ) -> dict[str, Any]:
+        self.twilio = FakeTwilio(
+            base_url,
+            account_sid=self.account_sid,
+            auth_token=self.twilio_token,
+            rest=self.rest,
+            webhook_timeout_s=30.0,
+        )
+        self.churning = True
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for k in range(calls):
+            up: asyncio.Future[None] = loop.create_future()
+            self.first_up.append(up)
+            self.slots.append(asyncio.create_task(self._slot(k, to, lifetime_s, up)))
+            delay_s = started + (k + 1) / rate - time.monotonic()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+        await asyncio.wait(self.first_up, timeout=up_timeout)
+        return {"up": self._up(), "ramp_s": round(time.monotonic() - started, 3)}
+
+    def sample(self) -> dict[str, Any]:
+        return {
+            "t": time.monotonic(),
+            "cpu_s": self_cpu_s(),
+            "up": self._up(),
+            "placed": self.placed_total,
+            "completed": self.completed,
+            "failed": self.failed,
+            "dropped": self.dropped,
+        }
+
+    async def soak_finish(self, timeout_s: float) -> dict[str, Any]:
+        self.churning = False
+        if self.slots:
+            _, pending = await asyncio.wait(self.slots, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+        wire = self.figures.to_wire()
+        for name, values in self.samples.items():
+            wire[name] = []
+            wire[name + "_summary"] = summarize(values).as_dict()
+            wire[name + "_count"] = len(values)
+        return {
+            "figures": wire,
+            "placed": self.placed_total,
+            "completed": self.completed,
+            "failed": self.failed,
+            "dropped": self.dropped,
+            "app_hangups": self.app_hangups,
+            "caller_hangups": self.caller_hangups,
+            "errors": dict(sorted(self.errors.items())[:20]),
+            "rest_requests": len(self.rest.requests) if self.rest is not None else 0,
+        }
+
+    # ------------------------------------------------------------------ one slot
+    def _up(self) -> int:
+        return sum(1 for s in self.talker.scripts.values() if not s.session.closed)
+
+    def _fail(self, reason: str) -> None:
+        self.failed += 1
+        self.errors[reason[:120]] = self.errors.get(reason[:120], 0) + 1
+
+    async def _script_of(self, call_sid: str) -> AppScript | None:
+        deadline = time.monotonic() + CALL_UP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            script = self.talker.scripts.get(call_sid)
+            if script is not None:
+                return script
+            await asyncio.sleep(0.05)
+        return None
+
+    async def _slot(
+        self, k: int, to: str, lifetime_s: tuple[float, float], up: asyncio.Future[None]
+    ) -> None:
+        """Place a call, keep it ``lifetime_s``, end it, measure it; again until told to stop."""
+        serial = 0
+        while self.churning:
+            serial += 1
+            self.placed_total += 1
+            slot = Placed()
+            await self._place(slot, to)
+            call = slot.call
+            if call is None or not call.has_stream or slot.error:
+                self._fail(slot.error or "no stream")
+                if call is not None:
+                    with contextlib.suppress(Exception):
+                        await call.hangup()
+                await asyncio.sleep(1.0)
+                continue
+            script = await self._script_of(call.call_sid)
+            if script is None:
+                self._fail("no session.start")
+                with contextlib.suppress(Exception):
+                    await call.hangup()
+                await self._cancel(slot)
+                continue
+            if not up.done():
+                up.set_result(None)
+            t0 = script.started_at + SETTLE_S
+            end_at = script.started_at + self.rng.uniform(*lifetime_s)
+            session = script.session
+            while self.churning and not (call.closed or session.closed):
+                remaining_s = end_at - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                await asyncio.sleep(min(1.0, remaining_s))
+            t1 = time.monotonic()
+            if call.closed or session.closed:
+                self.dropped += 1
+            elif (k + serial) % 2 == 0 and self.churning:
+                self.app_hangups += 1
+                with contextlib.suppress(Exception):
+                    await session.send({"type": "hangup"})
+            else:
+                self.caller_hangups += 1
+                with contextlib.suppress(Exception):
+                    await call.hangup()
+            deadline = time.monotonic() + CLOSE_TIMEOUT_S
+            while time.monotonic() < deadline and not (call.closed and session.closed):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if not call.closed:  # the app's hangup did not reach the caller: end it ourselves
+                self._fail("call still open after hangup")
+                with contextlib.suppress(Exception):
+                    await call.hangup()
+            await self._cancel(slot)
+            if t1 > t0:
+                self._absorb(analyse_calls([(call, script)], (t0, t1)))
+            self.completed += 1
+            self._forget(call.call_sid, script)
+
+    async def _cancel(self, slot: Placed) -> None:
+        if slot.driver is not None:
+            slot.driver.cancel()
+            await asyncio.gather(slot.driver, return_exceptions=True)
+
+    def _absorb(self, figures: CallerFigures) -> None:
+        for name in SAMPLE_FIELDS:
+            values: list[float] = getattr(figures, name)
+            self.samples[name].extend(values)
+            values.clear()
+        self.figures.merge(figures)
+
+    def _forget(self, call_sid: str, script: AppScript) -> None:
+        """Drop a finished call's recordings (the fakes keep every message otherwise)."""
+        self.talker.scripts.pop(call_sid, None)
+        with contextlib.suppress(ValueError):
+            self.app.sessions.remove(script.session)
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+async def _serve(index: int) -> None:
+    worker = SoakWorker(
+        index,
+        app_secret=os.environ["BENCH_APP_SECRET"],
+        twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
+        account_sid=os.environ["BENCH_ACCOUNT_SID"],
+    )
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    _reply({"ok": True, **(await worker.start())})
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return  # the parent is gone
+            request = json.loads(line)
+            cmd = request.get("cmd")
+            try:
+                if cmd == "soak_start":
+                    low, high = request["lifetime_s"]
+                    answer = await worker.soak_start(
+                        request["base_url"],
+                        int(request["calls"]),
+                        request["to"],
+                        float(request["rate"]),
+                        (float(low), float(high)),
+                        float(request["up_timeout"]),
+                    )
+                elif cmd == "sample":
+                    answer = worker.sample()
+                elif cmd == "soak_finish":
+                    answer = await worker.soak_finish(float(request["timeout"]))
+                elif cmd == "stop":
+                    _reply({"ok": True})
+                    return
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+            except Exception as exc:
+                traceback.print_exc()
+                _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            _reply({"ok": True, **answer})
+    finally:
+        worker.churning = False
+        for task in worker.slots:
+            task.cancel()
+        await asyncio.gather(*worker.slots, return_exceptions=True)
+        await worker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m bench.soak_worker INDEX (driven by bench.soak)", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(_serve(int(args[0])))
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve(int(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
