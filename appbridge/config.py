@@ -87,6 +87,7 @@ class ServerConfig:
     ca_bundle: str | None = None
     drain_timeout_s: float = 30.0
     max_calls: int = 1000
+    max_cpu_percent: float | None = None  # refuse new calls while the process is above this
 
     def base_url(self) -> str:
         """The URL carriers use to reach this gateway; routes are appended to it.
@@ -430,7 +431,15 @@ def _parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Se
     reader.check_keys(
         "server",
         table,
-        ("host", "port", "public_url", "ca_bundle", "drain_timeout_s", "max_calls"),
+        (
+            "host",
+            "port",
+            "public_url",
+            "ca_bundle",
+            "drain_timeout_s",
+            "max_calls",
+            "max_cpu_percent",
+        ),
     )
     defaults = ServerConfig()
     host = reader.string(table, "host", "server.host") or defaults.host
@@ -462,7 +471,16 @@ def _parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Se
     max_calls = reader.integer(
         table, "max_calls", "server.max_calls", default=defaults.max_calls, low=1, high=1_000_000
     )
-    return ServerConfig(host, port, public_url, ca_bundle, drain_timeout_s, max_calls)
+    max_cpu_percent = (
+        reader.number(
+            table, "max_cpu_percent", "server.max_cpu_percent", default=100.0, low=0.0, high=100.0
+        )
+        if "max_cpu_percent" in table
+        else None
+    )
+    return ServerConfig(
+        host, port, public_url, ca_bundle, drain_timeout_s, max_calls, max_cpu_percent
+    )
 
 
 def _account_sid(reader: Reader, table: Mapping[str, Any], path: str) -> str:

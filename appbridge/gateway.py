@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
 
+from appbridge.admission import CpuLoad, refusal
 from appbridge.calls.registry import CallRegistry
 from appbridge.carriers.twilio import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
@@ -82,6 +84,8 @@ class Gateway:
             timeout=10.0, headers={"User-Agent": "AppBridge"}, follow_redirects=False
         )
         self.draining = False
+        self.cpu = CpuLoad()
+        self._cpu_task: asyncio.Task[None] | None = None
         self.config = config
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
@@ -127,8 +131,26 @@ class Gateway:
         self.config = config
         log.info("configuration reloaded from %s", config.source)
 
+    def admission_refusal(self) -> str | None:
+        """Why a new call must be refused now (draining, the call cap, the CPU limit), or None.
+        Every carrier asks this before it takes a call."""
+        server = self.config.server
+        return refusal(
+            draining=self.draining,
+            live_calls=len(self.registry),
+            max_calls=server.max_calls,
+            cpu_percent=self.cpu.percent(),
+            max_cpu_percent=server.max_cpu_percent,
+        )
+
+    async def _sample_cpu(self) -> None:
+        while True:
+            self.cpu.sample(self.clock.now(), time.process_time())
+            await asyncio.sleep(1.0)
+
     async def start(self) -> None:
         self.media_clock.start()
+        self._cpu_task = asyncio.get_running_loop().create_task(self._sample_cpu())
         # -- SIP carrier (issue 6) --
         if self.config.sip is not None:
             from appbridge.carriers.sip.inbound import SipService
@@ -155,5 +177,7 @@ class Gateway:
             self.sip = None
         await close_all(timeout_s=1.0)
         await self.media_clock.stop()
+        if self._cpu_task is not None:
+            self._cpu_task.cancel()
         await _aclose_all([*self.catalog.providers(), *self.stt_providers.values()])
         await self.http.aclose()

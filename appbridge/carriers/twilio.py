@@ -386,8 +386,10 @@ async def handle_voice_webhook(
     if not call_sid:
         return 400, "application/json", b'{"error":"bad_request","message":"CallSid is missing"}'
     from_, to = form.get("From", ""), form.get("To", "")
-    if gw.draining or len(gw.registry) >= gw.config.server.max_calls:
+    refused = gw.admission_refusal()
+    if refused is not None:
         gw.registry.total_rejected += 1
+        log.warning("twilio: call %s refused: %s", call_sid, refused)
         return 200, "text/xml", twiml_reject("busy").encode()
     existing = gw.registry.get(call_sid)
     if existing is not None:

@@ -218,3 +218,19 @@ async def test_reload_rotates_the_secret_for_new_calls_only(env: Env) -> None:
     await session1.send({"type": "speak", "id": "old", "text": "Old call goes on."})
     await session1.wait_for("output.done", timeout=10)
     assert session2.headers["x-fonoster-signature"] != session1.headers["x-fonoster-signature"]
+
+
+async def test_calls_are_refused_above_the_cpu_limit() -> None:
+    async with gateway_env(server_extra={"max_cpu_percent": 80}) as env:
+        assert env.gw._cpu_task is not None
+        env.gw._cpu_task.cancel()  # the test feeds the meter itself
+        env.gw.cpu = type(env.gw.cpu)()
+        env.gw.cpu.sample(0.0, 0.0)
+        env.gw.cpu.sample(1.0, 0.95)  # 95 % of a core
+        refused = await env.twilio.place_call("+15550001111", "+15550002222")
+        assert "Reject" in refused.twiml_verbs and not refused.has_stream
+        env.gw.cpu.sample(6.0, 1.2)  # the load fell to 5 %
+        env.gw.cpu.sample(7.0, 1.25)
+        call, _session, _ = await connect(env)
+        assert call.has_stream
+        assert env.gw.registry.total_rejected == 1

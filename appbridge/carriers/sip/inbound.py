@@ -217,7 +217,7 @@ class SipInbound:
         if app is None:
             self._respond(invite, peer, 404)
             return
-        if gw.draining or len(gw.registry) >= config.server.max_calls:
+        if gw.admission_refusal() is not None:
             gw.registry.total_rejected += 1
             self._respond(invite, peer, 503, headers=[("Retry-After", "5")])
             return

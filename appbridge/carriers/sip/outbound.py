@@ -213,7 +213,7 @@ class SipOutbound:
         if trunk.transport != "udp":
             raise OutboundError(501, "not_implemented", "outbound calls over TCP trunks: not yet")
         gw = self.gw
-        if gw.draining or len(gw.registry) >= gw.config.server.max_calls:
+        if gw.admission_refusal() is not None:
             gw.registry.total_rejected += 1
             raise OutboundError(503, "unavailable", "the gateway takes no new calls right now")
         address = await self._resolve(trunk.host, trunk.port)
