@@ -42,7 +42,7 @@ from appbridge.carriers.sip.sdp import (
     SessionDescription,
 )
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
-from appbridge.carriers.sip.transport import Peer, SipTransport
+from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
-SDP_TYPE = "application/sdp"
 DIGITS = set("0123456789*#ABCD")
 
 
@@ -178,18 +177,11 @@ class SipInbound:
         headers: list[tuple[str, str]] | None = None,
         body: bytes = b"",
     ) -> None:
-        response = make_response(
-            request,
-            status,
-            reason,
-            to_tag=to_tag,
-            headers=headers or [],
-            body=body,
-            content_type=SDP_TYPE if body else None,
-        )
         if status >= 400:
             self.rejected[status] = self.rejected.get(status, 0) + 1
-        self.transport.send_response(response, peer)
+        self.transport.respond(
+            request, peer, status, reason, to_tag=to_tag, headers=headers, body=body
+        )
 
     def _contact(self, request: Request, peer: Peer) -> NameAddr:
         host = self.cfg.public_address or self.transport.local_host

@@ -50,7 +50,6 @@ from appbridge.carriers.sip.message import (
     Headers,
     Request,
     Response,
-    make_response,
     new_branch,
     new_tag,
 )
@@ -61,7 +60,7 @@ from appbridge.carriers.sip.sdp import (
     SessionDescription,
 )
 from appbridge.carriers.sip.transaction import make_cancel
-from appbridge.carriers.sip.transport import Peer, SipTransport
+from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -72,7 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
-SDP_TYPE = "application/sdp"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 300.0
 MAX_METADATA_BYTES = 16 * 1024
@@ -471,15 +469,15 @@ class SipOutbound:
             return
         dialog = d.dialog
         if dialog is None or request.to.tag != dialog.local_tag:
-            self._respond(request, peer, 481)
+            self.transport.respond(request, peer, 481)
             return
         try:
             dialog.on_request(request)
         except DialogError as exc:
-            self._respond(request, peer, exc.status, exc.reason)
+            self.transport.respond(request, peer, exc.status, exc.reason)
             return
         if method == "BYE":
-            self._respond(request, peer, 200)
+            self.transport.respond(request, peer, 200)
             d.bye_sent = True  # the dialog is over either way
             if d.leg is not None:
                 d.leg.closed = True
@@ -487,24 +485,24 @@ class SipOutbound:
         elif method == "INVITE":
             self._reinvite(d, request, peer)
         elif method in ("OPTIONS", "INFO"):
-            self._respond(request, peer, 200, headers=[("Allow", ALLOW)])
+            self.transport.respond(request, peer, 200, headers=[("Allow", ALLOW)])
         else:
-            self._respond(request, peer, 405, headers=[("Allow", ALLOW)])
+            self.transport.respond(request, peer, 405, headers=[("Allow", ALLOW)])
 
     def _reinvite(self, d: OutboundDial, invite: Request, peer: Peer) -> None:
         """The callee's hold or resume (RFC 3264 §8.4); the 2xx goes out once, unretransmitted."""
         try:
             answer, negotiated = d.negotiator.create_answer(SessionDescription.parse(invite.body))
         except SdpError:
-            self._respond(invite, peer, 400, "Malformed SDP")
+            self.transport.respond(invite, peer, 400, "Malformed SDP")
             return
         except OfferAnswerError:
-            self._respond(invite, peer, 488)
+            self.transport.respond(invite, peer, 488)
             return
         if d.leg is not None:
             d.leg.update_media(negotiated)
         assert d.dialog is not None
-        self._respond(
+        self.transport.respond(
             invite,
             peer,
             200,
@@ -512,28 +510,6 @@ class SipOutbound:
             headers=[("Contact", str(d.contact)), ("Allow", ALLOW)],
             body=answer.serialize(),
         )
-
-    def _respond(
-        self,
-        request: Request,
-        peer: Peer,
-        status: int,
-        reason: str | None = None,
-        *,
-        to_tag: str | None = None,
-        headers: list[tuple[str, str]] | None = None,
-        body: bytes = b"",
-    ) -> None:
-        response = make_response(
-            request,
-            status,
-            reason,
-            to_tag=to_tag,
-            headers=headers or [],
-            body=body,
-            content_type=SDP_TYPE if body else None,
-        )
-        self.transport.send_response(response, peer)
 
     # -- giving up and ending ------------------------------------------------------------------
     def _no_answer(self, d: OutboundDial) -> None:

@@ -46,6 +46,7 @@ from appbridge.clock import Clock
 
 log = logging.getLogger(__name__)
 
+SDP_TYPE = "application/sdp"
 Peer = tuple[Any, ...]  # ("udp", host, port) or ("tcp", connection id)
 TCP_IDLE_PENDING_S = 30.0  # RFC 4475 §3.1.2.2: a partial message may not wait forever
 
@@ -272,6 +273,29 @@ class SipTransport:
             return
         if self._udp and self._udp[0].transport is not None:
             self._udp[0].transport.sendto(data, (peer[1], peer[2]))
+
+    def respond(
+        self,
+        request: Request,
+        peer: Peer,
+        status: int,
+        reason: str | None = None,
+        *,
+        to_tag: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        body: bytes = b"",
+    ) -> None:
+        """Answer ``request`` (§8.2.6): a body is always SDP here."""
+        response = make_response(
+            request,
+            status,
+            reason,
+            to_tag=to_tag,
+            headers=headers or [],
+            body=body,
+            content_type=SDP_TYPE if body else None,
+        )
+        self.send_response(response, peer)
 
     def send_response(self, response: Response, peer: Peer) -> None:
         """Through the server transaction when there is one, else statelessly."""
