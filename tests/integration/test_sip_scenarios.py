@@ -21,11 +21,9 @@ from appbridge.testing.audio import dominant_freq, rms_pcm16, tone_pcm16, ulaw_e
 from appbridge.testing.fake_app import FakeSession
 from tests.integration.test_sip_sipp import (
     ROUTED,
-    SCENARIOS,
     SIPP,
-    SIPP_TIMEOUT_S,
     SipEnv,
-    _free_udp_port,
+    run_sipp,
     sip_gateway,
 )
 
@@ -38,57 +36,6 @@ pytestmark = [
 APP_RATE_HZ = 16000
 TONE_HZ = 1000.0
 POLL_S = 0.02
-
-
-async def run_sipp(
-    env: SipEnv, scenario: str, service: str, tmp: Path, *extra: str, **fill: str
-) -> tuple[int, str]:
-    """Run one sipp UAC call of ``scenario`` (with ``@KEY@`` placeholders filled) to the gateway.
-
-    Unlike the helper of test_sip_sipp this one passes ``extra`` options (``-trace_msg``)."""
-    text = (SCENARIOS / scenario).read_text()
-    for key, value in fill.items():
-        text = text.replace(f"@{key.upper()}@", value)
-    assert re.search(r"@[A-Z_]+@", text) is None, "unfilled placeholder"
-    path = tmp / scenario
-    path.write_text(text)
-    assert SIPP is not None
-    errors = tmp / "sipp_errors.log"
-    proc = await asyncio.create_subprocess_exec(
-        SIPP,
-        f"127.0.0.1:{env.sip_port}",
-        "-sf",
-        str(path),
-        "-s",
-        service,
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(_free_udp_port()),
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(_free_udp_port() & ~1),
-        "-m",
-        "1",
-        "-timeout",
-        f"{SIPP_TIMEOUT_S}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(errors),
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(tmp),
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), SIPP_TIMEOUT_S + 10)
-    log = out.decode(errors="replace")[-3000:]
-    if errors.exists():
-        log += "\n" + errors.read_text()[-3000:]
-    assert proc.returncode is not None
-    return proc.returncode, log
 
 
 async def poll_until(condition: Callable[[], bool], timeout_s: float) -> None:

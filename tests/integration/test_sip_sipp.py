@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import socket
 from collections.abc import AsyncIterator
@@ -79,11 +80,14 @@ async def sip_gateway(rtp_low: int) -> AsyncIterator[SipEnv]:
 
 
 async def run_sipp(
-    env: SipEnv, scenario: str, service: str, tmp: Path, **fill: str
+    env: SipEnv, scenario: str, service: str, tmp: Path, *extra: str, **fill: str
 ) -> tuple[int, str]:
+    """Run one sipp scenario against the gateway; ``@KEY@`` placeholders are filled from
+    ``fill``; ``extra`` are more sipp options (``-trace_msg``...)."""
     text = (SCENARIOS / scenario).read_text()
     for key, value in fill.items():
         text = text.replace(f"@{key.upper()}@", value)
+    assert re.search(r"@[A-Z_]+@", text) is None, "unfilled placeholder"
     path = tmp / scenario
     path.write_text(text)
     assert SIPP is not None
@@ -111,6 +115,7 @@ async def run_sipp(
         "-trace_err",
         "-error_file",
         str(tmp / "sipp_errors.log"),
+        *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         cwd=str(tmp),
