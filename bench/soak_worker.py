@@ -25,12 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
-import sys
 import time
-import traceback
 from array import array
 from typing import Any
 
@@ -38,7 +34,7 @@ from appbridge.testing import FakeTwilio
 from bench.analysis import CallerFigures, analyse_calls
 from bench.report import summarize
 from bench.talker import AppScript
-from bench.worker import Placed, Worker, self_cpu_s
+from bench.worker import Placed, Worker, run_worker, self_cpu_s, serve_commands, worker_from_env
 
 #: A call's first seconds (dial, pacer lead, first burst phase) are not measured.
 SETTLE_S = 2.0
@@ -226,54 +222,28 @@ class SoakWorker(Worker):
             self.app.sessions.remove(script.session)
 
 
-def _reply(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
 async def _serve(index: int) -> None:
-    worker = SoakWorker(
-        index,
-        app_secret=os.environ["BENCH_APP_SECRET"],
-        twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
-        account_sid=os.environ["BENCH_ACCOUNT_SID"],
-    )
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=2**20)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    _reply({"ok": True, **(await worker.start())})
+    worker = worker_from_env(SoakWorker, index)
+
+    async def dispatch(cmd: str, request: dict[str, Any]) -> dict[str, Any]:
+        if cmd == "soak_start":
+            low, high = request["lifetime_s"]
+            return await worker.soak_start(
+                request["base_url"],
+                int(request["calls"]),
+                request["to"],
+                float(request["rate"]),
+                (float(low), float(high)),
+                float(request["up_timeout"]),
+            )
+        if cmd == "sample":
+            return worker.sample()
+        if cmd == "soak_finish":
+            return await worker.soak_finish(float(request["timeout"]))
+        raise ValueError(f"unknown command {cmd!r}")
+
     try:
-        while True:
-            line = await reader.readline()
-            if not line:
-                return  # the parent is gone
-            request = json.loads(line)
-            cmd = request.get("cmd")
-            try:
-                if cmd == "soak_start":
-                    low, high = request["lifetime_s"]
-                    answer = await worker.soak_start(
-                        request["base_url"],
-                        int(request["calls"]),
-                        request["to"],
-                        float(request["rate"]),
-                        (float(low), float(high)),
-                        float(request["up_timeout"]),
-                    )
-                elif cmd == "sample":
-                    answer = worker.sample()
-                elif cmd == "soak_finish":
-                    answer = await worker.soak_finish(float(request["timeout"]))
-                elif cmd == "stop":
-                    _reply({"ok": True})
-                    return
-                else:
-                    raise ValueError(f"unknown command {cmd!r}")
-            except Exception as exc:
-                traceback.print_exc()
-                _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            _reply({"ok": True, **answer})
+        await serve_commands(worker, dispatch)
     finally:
         worker.churning = False
         for task in worker.slots:
@@ -283,18 +253,9 @@ async def _serve(index: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m bench.soak_worker INDEX (driven by bench.soak)", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(_serve(int(args[0])))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_serve(int(args[0])))
-    return 0
+    return run_worker(
+        argv, _serve, "usage: python -m bench.soak_worker INDEX (driven by bench.soak)"
+    )
 
 
 if __name__ == "__main__":

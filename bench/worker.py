@@ -30,8 +30,9 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioCall, FakeTwilioRest
 from bench.analysis import analyse_calls
@@ -82,7 +83,9 @@ class Worker:
             "affinity": sorted(os.sched_getaffinity(0)),
         }
 
-    async def ramp(self, base_url: str, calls: int, to: str, rate: float, up_timeout: float) -> Any:
+    async def ramp(
+        self, base_url: str, calls: int, to: str, rate: float, up_timeout: float
+    ) -> dict[str, Any]:
         self.twilio = FakeTwilio(
             base_url,
             account_sid=self.account_sid,
@@ -209,67 +212,89 @@ def _reply(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def _serve(index: int) -> None:
-    worker = Worker(
+W = TypeVar("W", bound="Worker")
+
+
+def worker_from_env(cls: type[W], index: int) -> W:
+    return cls(
         index,
         app_secret=os.environ["BENCH_APP_SECRET"],
         twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
     )
+
+
+async def serve_commands(
+    worker: Worker, dispatch: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+) -> None:
+    """The JSON-lines conversation with the orchestrator: one request per stdin line, one reply
+    per stdout line; ``stop`` (or the parent going away) ends it."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2**20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     _reply({"ok": True, **(await worker.start())})
+    while True:
+        line = await reader.readline()
+        if not line:
+            return  # the parent is gone
+        request = json.loads(line)
+        cmd = request.get("cmd")
+        if cmd == "stop":
+            _reply({"ok": True})
+            return
+        try:
+            answer = await dispatch(str(cmd), request)
+        except Exception as exc:
+            traceback.print_exc()
+            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        _reply({"ok": True, **answer})
+
+
+def run_worker(argv: list[str] | None, serve: Callable[[int], Awaitable[None]], usage: str) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print(usage, file=sys.stderr)
+        return 2
     try:
-        while True:
-            line = await reader.readline()
-            if not line:
-                return  # the parent is gone
-            request = json.loads(line)
-            cmd = request.get("cmd")
-            try:
-                if cmd == "ramp":
-                    answer = await worker.ramp(
-                        request["base_url"],
-                        int(request["calls"]),
-                        request["to"],
-                        float(request["rate"]),
-                        float(request["up_timeout"]),
-                    )
-                elif cmd == "window_start":
-                    answer = worker.window_start()
-                elif cmd == "window_end":
-                    answer = worker.window_end()
-                elif cmd == "finish":
-                    answer = await worker.finish(request["window"], float(request["timeout"]))
-                elif cmd == "stop":
-                    _reply({"ok": True})
-                    return
-                else:
-                    raise ValueError(f"unknown command {cmd!r}")
-            except Exception as exc:
-                traceback.print_exc()
-                _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            _reply({"ok": True, **answer})
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(serve(int(args[0])))  # type: ignore[arg-type]
+    else:
+        # The fakes cost less on uvloop: more calls per worker under the 70 % bar.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(int(args[0])))  # type: ignore[arg-type]
+    return 0
+
+
+async def _serve(index: int) -> None:
+    worker = worker_from_env(Worker, index)
+
+    async def dispatch(cmd: str, request: dict[str, Any]) -> dict[str, Any]:
+        if cmd == "ramp":
+            return await worker.ramp(
+                request["base_url"],
+                int(request["calls"]),
+                request["to"],
+                float(request["rate"]),
+                float(request["up_timeout"]),
+            )
+        if cmd == "window_start":
+            return worker.window_start()
+        if cmd == "window_end":
+            return worker.window_end()
+        if cmd == "finish":
+            return await worker.finish(request["window"], float(request["timeout"]))
+        raise ValueError(f"unknown command {cmd!r}")
+
+    try:
+        await serve_commands(worker, dispatch)
     finally:
         await worker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m bench.worker INDEX (driven by bench.load)", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(_serve(int(args[0])))
-    else:
-        # The fakes cost less on uvloop: more calls per worker under the 70 % bar.
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_serve(int(args[0])))
-    return 0
+    return run_worker(argv, _serve, "usage: python -m bench.worker INDEX (driven by bench.load)")
 
 
 if __name__ == "__main__":
