@@ -224,15 +224,51 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
-async def run_step(
-    calls: int, args: argparse.Namespace, out_dir: Path
-) -> tuple[dict[str, Any], list[str]]:
+def bench_env() -> dict[str, str]:
+    """The environment of the workers and the gateway: fresh secrets for every run."""
     env = dict(os.environ)
     env.update(
         BENCH_TWILIO_TOKEN=secrets.token_hex(16),
         BENCH_APP_SECRET=secrets.token_hex(16),
         BENCH_ACCOUNT_SID=ACCOUNT_SID,
     )
+    return env
+
+
+async def start_gateway(
+    args: argparse.Namespace,
+    calls: int,
+    workers: list[WorkerProc],
+    env: dict[str, str],
+    out_dir: Path,
+    name: str,
+) -> tuple[GatewayProcess, GatewaySpec]:
+    """Start the gateway process against the workers' fakes (``name``.toml, ``name``.log)."""
+    spec = GatewaySpec(
+        port=free_loopback_port(),
+        rest_base_url=workers[0].hello["rest_base_url"],
+        app_urls=tuple(w.hello["app_url"] for w in workers),
+        account_sid=ACCOUNT_SID,
+        max_calls=max(1000, 2 * calls),
+    )
+    config_path = out_dir / f"{name}.toml"
+    config_path.write_text(render_config(spec))
+    gw_env = dict(env, APPBRIDGE_LOG_LEVEL=args.gateway_log_level)
+    gateway = GatewayProcess(
+        _gateway_executable(),
+        config_path,
+        env=loop_env(args.gateway_loop, Path(args.shim_dir), gw_env),
+        cpu=args.gateway_cpu,
+        log_path=out_dir / f"{name}.log",
+    )
+    await gateway.start(spec.base_url)
+    return gateway, spec
+
+
+async def run_step(
+    calls: int, args: argparse.Namespace, out_dir: Path
+) -> tuple[dict[str, Any], list[str]]:
+    env = bench_env()
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
@@ -241,24 +277,7 @@ async def run_step(
     gateway: GatewayProcess | None = None
     try:
         await asyncio.gather(*(w.start() for w in workers))
-        spec = GatewaySpec(
-            port=free_loopback_port(),
-            rest_base_url=workers[0].hello["rest_base_url"],
-            app_urls=tuple(w.hello["app_url"] for w in workers),
-            account_sid=ACCOUNT_SID,
-            max_calls=max(1000, 2 * calls),
-        )
-        config_path = out_dir / f"gateway-{calls}.toml"
-        config_path.write_text(render_config(spec))
-        gw_env = dict(env, APPBRIDGE_LOG_LEVEL=args.gateway_log_level)
-        gateway = GatewayProcess(
-            _gateway_executable(),
-            config_path,
-            env=loop_env(args.gateway_loop, Path(args.shim_dir), gw_env),
-            cpu=args.gateway_cpu,
-            log_path=out_dir / f"gateway-{calls}.log",
-        )
-        await gateway.start(spec.base_url)
+        gateway, spec = await start_gateway(args, calls, workers, env, out_dir, f"gateway-{calls}")
         return await _measure(calls, args, gateway, spec, workers)
     finally:
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)

@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -43,23 +42,20 @@ import httpx
 from bench.gateway_proc import (
     GatewayProcess,
     GatewaySpec,
-    free_loopback_port,
-    loop_env,
-    render_config,
     worker_number,
 )
 from bench.load import (
-    ACCOUNT_SID,
     GENERATOR_CPU_LIMIT_PCT,
     LATENESS_METRIC,
     WorkerProc,
     _core_shares,
     _cpu_times,
-    _gateway_executable,
     _git_commit,
     _machine,
     _split,
     _tree_diff,
+    bench_env,
+    start_gateway,
 )
 from bench.report import (
     Summary,
@@ -244,12 +240,7 @@ async def run_soak(args: argparse.Namespace) -> int:
         f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}",
         flush=True,
     )
-    env = dict(os.environ)
-    env.update(
-        BENCH_TWILIO_TOKEN=secrets.token_hex(16),
-        BENCH_APP_SECRET=secrets.token_hex(16),
-        BENCH_ACCOUNT_SID=ACCOUNT_SID,
-    )
+    env = bench_env()
     load_cpus = args.load_cpus or [None]
     workers: list[WorkerProc] = [
         SoakWorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"soak-worker-{k}.log")
@@ -259,27 +250,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     failed = False
     try:
         await asyncio.gather(*(w.start() for w in workers))
-        spec = GatewaySpec(
-            port=free_loopback_port(),
-            rest_base_url=workers[0].hello["rest_base_url"],
-            app_urls=tuple(w.hello["app_url"] for w in workers),
-            account_sid=ACCOUNT_SID,
-            max_calls=max(1000, 2 * calls),
-        )
-        config_path = out_dir / "gateway-soak.toml"
-        config_path.write_text(render_config(spec))
-        gateway = GatewayProcess(
-            _gateway_executable(),
-            config_path,
-            env=loop_env(
-                args.gateway_loop,
-                Path(args.shim_dir),
-                dict(env, APPBRIDGE_LOG_LEVEL=args.gateway_log_level),
-            ),
-            cpu=args.gateway_cpu,
-            log_path=out_dir / "gateway-soak.log",
-        )
-        await gateway.start(spec.base_url)
+        gateway, spec = await start_gateway(args, calls, workers, env, out_dir, "gateway-soak")
         report.update(await _soak(calls, args, gateway, spec, workers))
     except Exception as exc:
         failed = True
