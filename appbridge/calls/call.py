@@ -18,6 +18,12 @@ From then on three things drive it, all on the event loop and none of them waiti
 A handoff replaces the app session (and its listeners) while the call and the carrier leg stay
 up: a new ``sessionRef``, a new ``session.start`` carrying the payload.
 
+A transfer (``calls/transfer.py``) may bring a second leg: during a warm transfer the new party
+takes the caller's place toward the app (its audio in, the app's output out) while the caller
+hears the transfer's music; a completed warm transfer, or a cold one the carrier cannot do
+itself, leaves the two legs joined by a ``calls/bridge.Bridge``. The session then ends with
+``transfer`` but the call lives on, in state ``bridged``, until a party hangs up.
+
 Everything that can fail in one call is caught at this class's boundaries (one exception ends at
 most this call, never another), and ``end`` is the single way out: ``session.end`` to the app and
 its listeners, the carrier hung up (or let go after a transfer), the registry told.
@@ -36,9 +42,11 @@ from typing import TYPE_CHECKING, Any, cast
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
+from appbridge.calls.bridge import Bridge
 from appbridge.calls.commands import CommandHandler
 from appbridge.calls.control import CallControl
 from appbridge.calls.listening import Ears
+from appbridge.calls.transfer import TransferFlow
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
 from appbridge.media.codecs import PCMU_8K, AudioFormat
@@ -116,6 +124,11 @@ class Call:
         self._ending = False
         self._in_conv: FrameConverter | None = None
         self._out_conv: FrameConverter | None = None  # carrier → session format, for listeners
+        self.transfer: TransferFlow | None = None  # the transfer under way, if any
+        self._party: CarrierLeg | None = None  # a warm transfer's new party, while consulted
+        self._party_in: FrameConverter | None = None  # party → caller leg format
+        self._party_out: FrameConverter | None = None  # caller leg format → party
+        self.bridge: Bridge | None = None  # the caller and a new party, joined
         self.ended = asyncio.Event()
         self.frames_in = 0
         self.frames_out = 0
@@ -334,9 +347,18 @@ class Call:
     # -- carrier events -----------------------------------------------------------------------
     def on_carrier_audio(self, payload: bytes) -> None:
         self.frames_in += 1
-        link = self.link
-        if link is None or self.state != "active" or self.control.on_hold:
+        if self.control.on_hold or self._party is not None:
             return  # INTERFACES §6: on hold the app receives no caller frames at all
+        transfer = self.transfer
+        if transfer is not None and transfer.caller_waiting:
+            return  # a transfer's caller waits on hold
+        self._deliver(payload)
+
+    def _deliver(self, payload: bytes) -> None:
+        """One frame in the caller leg's format to the app, its ears and its listeners."""
+        link = self.link
+        if link is None or self.state != "active":
+            return
         conv = self._in_conv
         assert conv is not None
         frames = conv.convert(payload)
@@ -367,7 +389,8 @@ class Call:
 
     def on_carrier_hangup(self) -> None:
         # After a transfer the carrier lets go of the stream: that is the transfer's end.
-        if self.control.transfer_pending is not None:
+        transfer = self.transfer
+        if transfer is not None and transfer.hands_over:
             self.spawn(
                 self.end("transfer", self.control.transfer_id, carrier_gone=True),
                 "end-transferred",
@@ -378,6 +401,13 @@ class Call:
     # -- the media clock ------------------------------------------------------------------------
     def _on_tick(self, tick: int) -> None:
         leg = self.leg
+        transfer = self.transfer
+        if transfer is not None:
+            transfer.on_tick(self.gw.clock.now())
+            party = self._party
+            if party is not None and self.queue is not None and leg is not None:
+                self._consultation_tick(leg, party, self.queue)
+                return
         queue = self.hold_queue if self.hold_queue is not None else self.queue
         if queue is None or leg is None:
             return
@@ -399,6 +429,31 @@ class Call:
             # Listeners of the outbound track get a continuous timeline: silence when idle.
             self._send_outbound(self.queue.silence_frame)
 
+    def _consultation_tick(self, leg: CarrierLeg, party: CarrierLeg, queue: OutputQueue) -> None:
+        """A warm transfer's consultation: the caller hears the transfer's music, the party
+        hears the app (with its output events and the listeners' outbound track)."""
+        music = self.hold_queue
+        if music is not None:
+            for _ in range(leg.frames_wanted(True)):
+                frame, _events = music.pull_frame()
+                if frame is None:
+                    break
+                leg.send_frame(frame)
+        conv = self._party_out
+        assert conv is not None
+        outbound = self.listeners is not None and self.listeners.wants_outbound
+        for _ in range(party.frames_wanted(not queue.is_empty)):
+            frame, events = queue.pull_frame()
+            if events:
+                self.commands.on_output_events(events)
+            if frame is None:
+                break
+            self.frames_out += 1
+            for converted in conv.convert(frame):
+                party.send_frame(converted)
+            if outbound:
+                self._send_outbound(frame)
+
     def _send_outbound(self, frame: bytes) -> None:
         assert self.listeners is not None and self._out_conv is not None
         for converted in self._out_conv.convert(frame):
@@ -418,6 +473,92 @@ class Call:
             self.ears.resume()
         if self.leg is not None:
             self.leg.clear_output()
+
+    # -- transfers (calls/transfer.py) ----------------------------------------------------------
+    def active_leg(self) -> CarrierLeg | None:
+        """Where the app's output and keypresses go: a consulted party, else the caller."""
+        return self._party if self._party is not None else self.leg
+
+    def caller_id(self) -> str:
+        """The number a new party sees: the gateway's own side of this call."""
+        return self.to if self.direction == "inbound" else self.from_
+
+    def start_transfer(self, flow: TransferFlow) -> None:
+        if self.control.resume():
+            self.stop_hold()  # the transfer's own waiting takes the place of a hold
+        self.transfer = flow
+        self.control.transfer_pending = flow.mode
+        self.control.transfer_id = flow.command_id
+        self.spawn(flow.run(), "transfer")
+
+    def start_transfer_wait(self, music: OutputQueue) -> None:
+        """The caller waits (music or ringback), unheard, while the new party is dialed."""
+        self.start_hold(music)
+
+    def stop_transfer_wait(self) -> None:
+        """The caller is back with the app."""
+        party = self._party
+        self._party = None
+        self._party_in = self._party_out = None
+        if party is not None and self.commands.queue is not None:
+            party.clear_output()
+        self.stop_hold()
+
+    def start_consultation(self, party: CarrierLeg) -> None:
+        """A warm transfer's party answered: it takes the caller's place toward the app."""
+        leg = self.leg
+        assert leg is not None
+        self._party_in = FrameConverter(party.audio_format, leg.audio_format)
+        self._party_out = FrameConverter(leg.audio_format, party.audio_format)
+        self._party = party
+        party.attach(_PartyEvents(self))
+        if self.ears is not None:
+            self.ears.resume()  # the turn detector now hears the party
+
+    def on_party_audio(self, payload: bytes) -> None:
+        conv = self._party_in
+        if conv is None or self.control.on_hold:
+            return
+        for frame in conv.convert(payload):
+            self._deliver(frame)
+
+    def on_party_hangup(self) -> None:
+        if self.transfer is not None and self._party is not None:
+            self.transfer.on_party_hangup()
+
+    def transfer_over(self, flow: TransferFlow) -> None:
+        """A transfer failed or was cancelled: the call goes on as before it."""
+        if self.transfer is flow:
+            self.transfer = None
+            self.control.transfer_pending = None
+            self.control.transfer_id = None
+
+    def bridge_with(self, party: CarrierLeg) -> None:
+        """Join the caller and ``party`` (module doc); the session ends next, the call lives
+        on in state ``bridged``."""
+        leg = self.leg
+        assert leg is not None
+        self._party = None
+        self._party_in = self._party_out = None
+        self.hold_queue = None
+        leg.clear_output()
+        media_clock = self.gw.media_clock
+        bridge = Bridge(
+            self.call_ref,
+            leg,
+            party,
+            subscribe=media_clock.subscribe,
+            unsubscribe=media_clock.unsubscribe,
+            on_done=self._bridge_done,
+        )
+        self.bridge = bridge
+        bridge.start()
+        log.info("call %s: caller and new party bridged", self.call_ref)
+
+    def _bridge_done(self) -> None:
+        if self.state == "bridged":
+            self._finish()
+        # else: the session is still closing; ``end`` finishes the call when it is done
 
     async def handoff(self, target_ref: str, payload: Any, command_id: str | None) -> None:
         """Seed 004 ``handoff``: the call and the carrier leg stay up; only the app link changes."""
@@ -484,6 +625,8 @@ class Call:
         carrier_gone: bool = False,
     ) -> None:
         if self._ending:
+            if self.bridge is not None and not self.bridge.done:
+                await self.bridge.hangup()  # DELETE or a drain on a bridged call
             return
         self._ending = True
         self.end_reason = reason
@@ -502,6 +645,17 @@ class Call:
             self.link.close(1000, reason)
             self.link = None
         self._close_session(reason, command_id)
+        transfer = self.transfer
+        if transfer is not None and self.bridge is None:
+            await transfer.abandon()
+        if self.bridge is not None:
+            self.gw.metrics.calls_ended[reason] = self.gw.metrics.calls_ended.get(reason, 0) + 1
+            if self.bridge.done:
+                self._finish(count=False)
+            else:
+                self.state = "bridged"
+            log.info("call %s: session ended (%s); the call stays bridged", self.call_ref, reason)
+            return
         if self.leg is not None and not carrier_gone:
             try:
                 if reason == "transfer":
@@ -510,12 +664,38 @@ class Call:
                     await self.leg.hangup()
             except Exception:
                 log.exception("call %s: carrier hang-up failed", self.call_ref)
+        self._finish()
+
+    def _finish(self, *, count: bool = True) -> None:
+        """The call is over on every side: the record, the metrics, and ``ended``."""
+        if self.ended.is_set():
+            return
+        reason = self.end_reason or "error"
         self.state = "ended"
         self.ended_wall = self.gw.clock.wall()
         self.gw.registry.remove(self)
-        self.gw.metrics.calls_ended[reason] = self.gw.metrics.calls_ended.get(reason, 0) + 1
+        if count and self.bridge is None:
+            self.gw.metrics.calls_ended[reason] = self.gw.metrics.calls_ended.get(reason, 0) + 1
         self.ended.set()
         log.info("call %s ended: %s", self.call_ref, reason)
+
+
+class _PartyEvents:
+    """A warm transfer's new party, reporting to the call (``Call.start_consultation``)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    def on_carrier_audio(self, payload: bytes) -> None:
+        self.call.on_party_audio(payload)
+
+    def on_carrier_dtmf(self, digit: str) -> None:
+        self.call.on_carrier_dtmf(digit)  # the party's keypresses reach the app too
+
+    def on_carrier_hangup(self) -> None:
+        self.call.on_party_hangup()
 
 
 def _iso(wall: float | None) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.transfer import TransferFlow
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.dtmf import dtmf_pcm16
 from appbridge.media.fetch import FetchError, fetch_audio
@@ -201,17 +201,25 @@ class CommandHandler:
         elif isinstance(cmd, sv1.Hold):
             self._hold(cmd)
         elif isinstance(cmd, sv1.Resume):
-            if self.call.control.resume():
+            transfer = self.call.transfer
+            if transfer is not None and transfer.mode == "warm":
+                transfer.cancel("resume")
+            elif self.call.control.resume():
                 self._hold_audio_reported = False
                 self.call.stop_hold()
         elif isinstance(cmd, sv1.Handoff):
             self.call.spawn(self.call.handoff(cmd.app, cmd.payload, cmd.id), "handoff")
         elif isinstance(cmd, sv1.Transfer):
-            self.call.spawn(self._transfer(cmd), "transfer")
+            self._transfer(cmd)
         elif isinstance(cmd, sv1.TransferComplete):
-            self.call.send_error(
-                "bad_message", "transfer.complete: no warm transfer is under way", cmd.id
+            transfer = self.call.transfer
+            refused = (
+                transfer.complete(cmd.id)
+                if transfer is not None
+                else ("bad_message", "transfer.complete: no warm transfer is under way")
             )
+            if refused is not None:
+                self.call.send_error(refused[0], refused[1], cmd.id)
 
     def _speak(self, cmd: sv1.Speak) -> None:
         queue = self.queue
@@ -363,8 +371,9 @@ class CommandHandler:
         if queue is None:
             return
         events = queue.clear()
-        if self.call.leg is not None:
-            self.call.leg.clear_output()
+        leg = self.call.active_leg()
+        if leg is not None:
+            leg.clear_output()
         for item_id, utt in list(self._utterances.items()):
             if not utt.last_seen:
                 self._cleared_streams.add(item_id)
@@ -376,7 +385,7 @@ class CommandHandler:
     def _dtmf_send(self, cmd: sv1.DtmfSend) -> None:
         """Keypresses on the call: out of band where the carrier can, else in-band tones that
         take their place in the output queue (seed 004 ``dtmf.send``)."""
-        leg, queue, out_format = self.call.leg, self.queue, self.out_format
+        leg, queue, out_format = self.call.active_leg(), self.queue, self.out_format
         if leg is None or queue is None or out_format is None:
             return
         if leg.send_dtmf(cmd.digits):
@@ -404,9 +413,10 @@ class CommandHandler:
         music = OutputQueue(out_format.frame_bytes(20), out_format.silence(20))
         self.call.start_hold(music)
         if cmd.music:
-            self.call.spawn(self._fetch_music(music, cmd.music, cmd.id), "hold-music")
+            self.call.spawn(self.fetch_music(music, cmd.music, cmd.id), "hold-music")
 
-    async def _fetch_music(self, music: OutputQueue, url: str, command_id: str | None) -> None:
+    async def fetch_music(self, music: OutputQueue, url: str, command_id: str | None) -> None:
+        """Fetch ``url`` into ``music`` as one looped item (hold, a transfer's waiting)."""
         out_format = self.out_format
         assert out_format is not None
         try:
@@ -427,31 +437,20 @@ class CommandHandler:
             return
         music.close_item("music")
 
-    async def _transfer(self, cmd: sv1.Transfer) -> None:
-        """Seed 004 ``transfer``; INTERFACES §6 "Transfer targets"."""
+    def _transfer(self, cmd: sv1.Transfer) -> None:
+        """Seed 004 ``transfer``; INTERFACES §6 "Transfer targets"; calls/transfer.py."""
         call = self.call
-        relates_to = cmd.id or "transfer"
-        leg = call.leg
-        if leg is None:
+        if call.leg is None:
             return
         if not self._transfer_target_ok(cmd.to):
             call.send_error(
                 "transfer_failed",
                 f"transfer: {cmd.to!r} is neither an E.164 number "
                 "nor a sip: URI of a configured trunk",
-                relates_to,
+                cmd.id or "transfer",
             )
             return
-        call.control.transfer_pending = cmd.mode
-        call.control.transfer_id = cmd.id
-        try:
-            await leg.transfer(cmd.to, cmd.mode, cmd.headers, cmd.music)
-        except TransferError as exc:
-            call.control.transfer_pending = None
-            call.control.transfer_id = None
-            call.send_error(exc.code, str(exc), relates_to)  # type: ignore[arg-type]
-            return
-        await call.end("transfer", cmd.id)
+        call.start_transfer(TransferFlow(call, cmd))
 
     def _transfer_target_ok(self, target: str) -> bool:
         if _E164.match(target):

@@ -29,7 +29,7 @@ class CallControl:
         """``(error code, message)`` when the command may not run now, else None."""
         if self.on_hold and command_type not in ALLOWED_ON_HOLD:
             return "on_hold", f"{command_type} is not allowed while the caller is on hold"
-        if self.transfer_pending is not None and command_type in ("transfer", "handoff"):
+        if self.transfer_pending is not None and command_type in ("transfer", "handoff", "hold"):
             return "bad_message", f"a {self.transfer_pending} transfer is already under way"
         if self.handoff_pending and command_type in ("transfer", "handoff"):
             return "bad_message", "a handoff is already under way"

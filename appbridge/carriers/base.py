@@ -47,10 +47,37 @@ class CarrierLeg(Protocol):
         engine plays in-band tones through the output queue instead (Twilio streams)."""
         ...
 
+    #: True when the carrier can hand the caller to another party itself (Twilio: the call's
+    #: TwiML becomes ``<Dial>``), so a cold transfer leaves the gateway's media path. False: the
+    #: gateway places the new party's leg with :meth:`dial_party` and bridges the two (B2BUA).
+    native_cold_transfer: bool
+
     async def transfer(
         self, target: str, mode: str, headers: dict[str, str] | None, music: str | None
     ) -> None:
-        """Hand the caller to ``target``; raise :class:`TransferError` when that fails."""
+        """A native cold transfer (only when :attr:`native_cold_transfer`); raise
+        :class:`TransferError` when that fails."""
+        ...
+
+    async def dial_party(
+        self, target: str, *, caller_id: str, headers: dict[str, str] | None, timeout_s: float
+    ) -> CarrierLeg:
+        """Place a call to ``target`` (E.164 or a trunk's ``sip:`` URI, already checked) on
+        this call's carrier and trunk, for a warm transfer or a B2BUA cold transfer.
+
+        Returns the new party's leg once it answered, its media ready (the caller attaches it
+        and feeds it frames on the media clock). ``headers`` go on the new call where the
+        carrier carries headers (SIP: as header fields). Raises :class:`TransferError`
+        (``transfer_failed``) on busy, no answer within ``timeout_s``, or any failure. When the
+        awaiting task is cancelled, the attempt is abandoned cleanly (SIP: CANCEL, or BYE for a
+        2xx that crosses it)."""
+        ...
+
+    async def refer(self, target: str, headers: dict[str, str] | None) -> None:
+        """RFC 3515 REFER of the remote party to ``target``; returns once the NOTIFYs report
+        success (and the gateway has sent its BYE, INTERFACES §6). Raises
+        :class:`TransferError`: ``feature_not_supported`` where the carrier has no REFER
+        (Twilio), ``transfer_failed`` when refused or failed."""
         ...
 
     async def hangup(self) -> None:
