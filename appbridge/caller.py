@@ -11,8 +11,8 @@ module schedules the call, narrates what it sees and keeps what was heard.
 
 Exit codes (INTERFACES §2 style): 0 the call connected (a media stream was opened), 1 it did not
 (a non-200 webhook, TwiML without ``<Stream>``, a refused upgrade or an unreachable gateway, or a
-recording that could not be saved), 2 a usage error. ``sip:`` URIs are refused with 2 until the
-SIP carrier exists.
+recording that could not be saved), 2 a usage error. ``sip:`` URIs are handed to
+:mod:`appbridge.caller_sip`, which places a real SIP call with the same options and output.
 """
 
 from __future__ import annotations
@@ -100,8 +100,7 @@ class CallPlan:
         """Raise :class:`CallerUsageError` for anything the call cannot be placed with."""
         if self.url.lower().startswith(("sip:", "sips:")):
             raise CallerUsageError(
-                "SIP calls are not available yet (the SIP carrier is still to come); "
-                "call the Twilio ingress instead, e.g. appbridge call http://127.0.0.1:8080"
+                "a sip: URI is placed by appbridge.caller_sip (SipCallPlan), not by CallPlan"
             )
         for name, value in (("URL", self.url), ("--public-url", self.public_url)):
             if value is not None:
@@ -464,7 +463,12 @@ def plan_from_args(args: Namespace) -> CallPlan:
 
 
 def run_call_command(args: Namespace) -> int:
-    """``appbridge call``: the first Ctrl-C (or SIGTERM) hangs up cleanly, a second abandons."""
+    """``appbridge call``: the first Ctrl-C (or SIGTERM) hangs up cleanly, a second abandons.
+    A ``sip:`` URI is a SIP call placed by :mod:`appbridge.caller_sip`."""
+    if str(args.url).lower().startswith(("sip:", "sips:")):
+        from appbridge.caller_sip import run_sip_call_command
+
+        return run_sip_call_command(args)
     try:
         plan = plan_from_args(args)
         plan.validate()

@@ -170,18 +170,23 @@ def _register_call(
     """``appbridge call``: the test caller (``appbridge.caller``), playing Twilio's part."""
     call = commands.add_parser(
         "call",
-        help="place a test call on a running gateway, as Twilio would",
+        help="place a test call on a running gateway, as Twilio or a SIP phone would",
         description=(
-            "Place a test call through the gateway's Twilio ingress: post the voice webhook, open "
-            "the media stream, send WAV audio or silence and keypresses, print every event with "
-            "its time, and save what was heard. Ctrl-C hangs up. Exit 0 when the call connected, "
-            "1 when the gateway refused it or could not be reached, 2 on usage errors."
+            "Place a test call through the gateway's Twilio ingress (an http:// URL: post the "
+            "voice webhook, open the media stream) or over SIP (a sip: URI: INVITE, RTP, RFC 4733 "
+            "keypresses, BYE), send WAV audio or silence and keypresses, print every event with "
+            "its time, and save what was heard. Ctrl-C hangs up (CANCEL before a SIP answer). "
+            "Exit 0 when the call connected, 1 when it was refused, failed or could not be "
+            "reached (the SIP status is printed), 2 on usage errors."
         ),
     )
     call.add_argument(
         "url",
         metavar="URL",
-        help="the gateway's base URL, e.g. http://127.0.0.1:8080 (sip: URIs come with SIP)",
+        help=(
+            "the gateway's base URL, e.g. http://127.0.0.1:8080, or a SIP URI such as "
+            "sip:+15550002222@127.0.0.1:5060 (add ;transport=tcp for TCP)"
+        ),
     )
     call.add_argument(
         "--from",
@@ -202,7 +207,12 @@ def _register_call(
     )
     call.add_argument("--record", metavar="OUT.WAV", help="save what was heard (16-bit, 8 kHz)")
     call.add_argument(
-        "--seconds", type=float, default=15.0, help="hang up after this long (default 15)"
+        "--seconds",
+        "--duration",
+        dest="seconds",
+        type=float,
+        default=15.0,
+        help="hang up after this long, in seconds (default 15)",
     )
     call.add_argument(
         "--auth-token",
