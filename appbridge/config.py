@@ -289,8 +289,10 @@ class Config:
         return self.apps.get(ref) if ref is not None else None
 
 
-def default_config(port: int = 8080) -> Config:
-    """The embedded default (INTERFACES §3): loopback only, the demo app answers every number."""
+def default_config(port: int = 8080, *, sip_port: int | None = 5060) -> Config:
+    """The embedded default (INTERFACES §3): loopback only, the demo app answers every number,
+    SIP on udp and tcp 127.0.0.1:``sip_port`` (``None``: no SIP listener, for tests)."""
+    from appbridge.config_sections import DEFAULT_RTP_PORTS
     demo = AppConfig(
         ref="demo",
         url=f"ws://127.0.0.1:{port}/demo/session",
@@ -301,7 +303,16 @@ def default_config(port: int = 8080) -> Config:
         http=None,
         api=None,
         twilio=TwilioCarrierConfig(account_sid=DEMO_ACCOUNT_SID, auth_token=None),
-        sip=None,
+        sip=(
+            SipConfig(
+                listen=(f"udp:127.0.0.1:{sip_port}", f"tcp:127.0.0.1:{sip_port}"),
+                rtp_ports=DEFAULT_RTP_PORTS,
+                public_address=None,
+                trunks=(),
+            )
+            if sip_port is not None
+            else None
+        ),
         apps={"demo": demo},
         numbers=(NumberRoute("*", "demo"),),
     )

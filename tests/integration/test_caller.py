@@ -99,7 +99,7 @@ async def run_demo_call(tmp_path: Path) -> tuple[CallReport, list[str], Path]:
     port = sock.getsockname()[1]
     record = tmp_path / "heard.wav"
     lines: list[str] = []
-    async with running_gateway(default_config(port), sock):
+    async with running_gateway(default_config(port, sip_port=None), sock):
         plan = CallPlan(
             url=f"http://127.0.0.1:{port}",
             digits="5",
@@ -176,7 +176,7 @@ async def test_a_test_call_hears_the_greeting_then_the_answer_to_a_key(tmp_path:
 async def test_refused_calls_and_usage_errors(tmp_path: Path) -> None:
     sock = bind_loopback()
     port = sock.getsockname()[1]
-    async with running_gateway(default_config(port), sock):
+    async with running_gateway(default_config(port, sip_port=None), sock):
         base = f"http://127.0.0.1:{port}"
         # The embedded default has no auth token: a signed webhook is still accepted...
         lines: list[str] = []
@@ -212,15 +212,16 @@ def test_the_call_command_is_on_the_command_line() -> None:
     assert result.returncode == 0, result.stderr
     for option in ("--play", "--digits", "--record", "--seconds", "--auth-token", "--public-url"):
         assert option in result.stdout
+    # A sip: URI is a SIP call (appbridge/caller_sip); its usage errors exit 2 as well.
     sip = subprocess.run(
-        [*command, "sip:+15550002222@127.0.0.1"],
+        [*command, "sip:+15550002222@127.0.0.1:9", "--digits", "1x"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert sip.returncode == 2
-    assert "SIP calls are not available yet" in sip.stderr
+    assert "--digits" in sip.stderr
 
 
 def test_play_accepts_any_wav_and_sends_it_as_ulaw_8k(tmp_path: Path) -> None:

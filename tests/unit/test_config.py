@@ -89,7 +89,13 @@ def test_default_config_matches_interfaces_section_3() -> None:
     config = default_config()
     assert config.server == ServerConfig(host="127.0.0.1", port=8080)
     assert config.server.public_url is None and config.server.base_url() == "http://127.0.0.1:8080"
-    assert (config.http, config.api, config.sip) == (None, None, None)
+    assert (config.http, config.api) == (None, None)
+    # "SIP (once the SIP carrier exists) on udp and tcp 127.0.0.1:5060"; no trunk, so INVITEs
+    # are taken from loopback only.
+    assert config.sip is not None
+    assert config.sip.listen == ("udp:127.0.0.1:5060", "tcp:127.0.0.1:5060")
+    assert config.sip.trunks == () and config.sip.public_address is None
+    assert default_config(sip_port=None).sip is None
     assert config.twilio == TwilioCarrierConfig("AC" + "0" * 32, None, "https://api.twilio.com")
     assert list(config.apps) == ["demo"]
     demo = config.apps["demo"]
