@@ -11,8 +11,8 @@
 #
 # Environment: PYTHON (the interpreter for the new venv, >= 3.11; default python3.11 or python3),
 # PIPECAT_VENV (default .venv-pipecat, relative to the repo root).
-# sipp (Debian sip-tester) is installed with apt-get when missing; baresip and Redis join here
-# as the issues that use them land.
+# sipp (Debian sip-tester) and baresip are installed with apt-get when missing; Redis joins here
+# when the issue that uses it lands.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -108,6 +108,27 @@ install_sipp() {
   command -v sipp >/dev/null 2>&1 || fail "sip-tester was installed but sipp is not on PATH"
 }
 
+# baresip (Debian package baresip, 1.0.0 on bookworm) for tests/integration/test_baresip.py
+# (issue 6). It pulls in its codec and audio modules (/usr/lib/baresip/modules); the tests run it
+# headless (aufile, aubridge, sndfile, ctrl_tcp), so no sound card or sound server is needed.
+install_baresip() {
+  if command -v baresip >/dev/null 2>&1; then
+    return 0
+  fi
+  if [[ "$(id -u)" != "0" ]] || ! command -v apt-get >/dev/null 2>&1; then
+    fail "baresip is missing; install the Debian package baresip (needs root and apt-get)"
+  fi
+  echo "install-test-peers: installing baresip with apt-get"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq baresip; } \
+    >/dev/null 2>&1; then
+    fail "apt-get could not install baresip"
+  fi
+  command -v baresip >/dev/null 2>&1 || fail "baresip was installed but is not on PATH"
+  [[ -f /usr/lib/baresip/modules/g722.so && -f /usr/lib/baresip/modules/ctrl_tcp.so ]] \
+    || fail "baresip was installed without its modules (/usr/lib/baresip/modules)"
+}
+
 install_pipecat
 install_sipp
+install_baresip
 exit 0

@@ -9,8 +9,17 @@ uses audioop's C loops only (no numpy, no per-sample Python) and keeps the resam
 between calls: a stream cut into arbitrary pieces converts to exactly the bytes of the whole.
 
 Codecs: `pcm16` is signed 16-bit little-endian linear PCM, `pcmu` is G.711 µ-law and `pcma` is
-G.711 A-law (ITU-T G.711; RFC 3551 section 4.5.14 for their use as RTP payloads 0 and 8). All
-audio is mono.
+G.711 A-law (ITU-T G.711; RFC 3551 section 4.5.14 for their use as RTP payloads 0 and 8). `g722`
+is ITU-T G.722 at 64 kbit/s (RFC 3551 section 4.5.2, RTP payload 9): 16 kHz audio, 4 bits per
+sample, so 160 bytes per 20 ms, the same packet size and RTP timestamp step as G.711 (its RTP
+clock is 8000 Hz; `carriers/sip/g722.py` explains the quirk). All audio is mono.
+
+G.722 is sub-band ADPCM: encoder and decoder carry state from byte to byte, so unlike G.711 a
+G.722 stream can only be decoded by one decoder that has seen all of it, in order. A `Converter`
+owns its own encoder or decoder (one stream per converter, never shared), and a stream spliced
+from two encoders makes the far end's decoder produce a burst of noise for tens of milliseconds
+(measured in tests/unit/test_codecs_g722.py), so the caller-bound direction wants one encoder for
+the whole call.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ with warnings.catch_warnings():
 
 __all__ = [
     "CODECS",
+    "G722_16K",
     "PCM16_8K",
     "PCM16_16K",
     "PCM16_24K",
@@ -43,16 +53,23 @@ __all__ = [
 _PCM16: Final = "pcm16"
 _PCMU: Final = "pcmu"
 _PCMA: Final = "pcma"
+_G722: Final = "g722"
 
-#: Bytes per sample of each supported codec. Adding a codec means adding it here, to
+#: Bits per sample of each supported codec. Adding a codec means adding it here, to
 #: `_SILENCE_BYTE`, and to the decode/encode steps of `Converter`.
-_BYTES_PER_SAMPLE: Final[dict[str, int]] = {_PCM16: 2, _PCMU: 1, _PCMA: 1}
+_BITS_PER_SAMPLE: Final[dict[str, int]] = {_PCM16: 16, _PCMU: 8, _PCMA: 8, _G722: 4}
 
-#: The byte value of digital silence: 0 for linear PCM, 0xFF for µ-law (+0, G.711 table 2a)
-#: and 0xD5 for A-law (+0 with the even-bit inversion of G.711 table 1a).
-_SILENCE_BYTE: Final[dict[str, int]] = {_PCM16: 0x00, _PCMU: 0xFF, _PCMA: 0xD5}
+#: The byte value of silence: 0 for linear PCM, 0xFF for µ-law (+0, G.711 table 2a), 0xD5 for
+#: A-law (+0 with the even-bit inversion of G.711 table 1a). G.722 has no code for "zero": its
+#: codes are ADPCM steps. 0xFC (high band 11, low band 111100: the smallest steps) decodes to
+#: exact zeros from a fresh decoder and to about -60 dBFS of DC after speech, the quietest of the
+#: 256 byte values (measured with libg722 1.2.8; tests/unit/test_codecs_g722.py holds the bound).
+_SILENCE_BYTE: Final[dict[str, int]] = {_PCM16: 0x00, _PCMU: 0xFF, _PCMA: 0xD5, _G722: 0xFC}
 
-CODECS: Final[frozenset[str]] = frozenset(_BYTES_PER_SAMPLE)
+#: Codecs bound to one sample rate: G.722 at 64 kbit/s samples at 16 kHz (ITU-T G.722 §1).
+_FIXED_RATE_HZ: Final[dict[str, int]] = {_G722: 16_000}
+
+CODECS: Final[frozenset[str]] = frozenset(_BITS_PER_SAMPLE)
 
 #: Highest sample rate accepted. WAV files at 384 kHz exist; nothing above is plausible audio.
 _MAX_RATE_HZ: Final = 384_000
@@ -71,15 +88,27 @@ class AudioFormat:
     rate_hz: int
 
     def __post_init__(self) -> None:
-        if self.codec not in _BYTES_PER_SAMPLE:
-            known = ", ".join(sorted(_BYTES_PER_SAMPLE))
+        if self.codec not in _BITS_PER_SAMPLE:
+            known = ", ".join(sorted(_BITS_PER_SAMPLE))
             raise ValueError(f"unknown codec {self.codec!r} (known: {known})")
         if not 0 < self.rate_hz <= _MAX_RATE_HZ:
             raise ValueError(f"sample rate {self.rate_hz} Hz is out of range")
+        fixed = _FIXED_RATE_HZ.get(self.codec)
+        if fixed is not None and self.rate_hz != fixed:
+            raise ValueError(f"{self.codec} runs at {fixed} Hz only, not {self.rate_hz} Hz")
+
+    @property
+    def bits_per_sample(self) -> int:
+        return _BITS_PER_SAMPLE[self.codec]
 
     @property
     def bytes_per_sample(self) -> int:
-        return _BYTES_PER_SAMPLE[self.codec]
+        """Whole bytes per sample; G.722 packs two samples in a byte and raises ValueError
+        (use `bits_per_sample`, `frame_bytes` or `ms_for_bytes`)."""
+        bits = _BITS_PER_SAMPLE[self.codec]
+        if bits % 8:
+            raise ValueError(f"{self.codec} has {bits} bits per sample, not whole bytes")
+        return bits // 8
 
     @property
     def silence_byte(self) -> int:
@@ -90,7 +119,7 @@ class AudioFormat:
 
     def frame_bytes(self, frame_ms: int = 20) -> int:
         """Bytes in one frame of `frame_ms` (20 ms is the packet time of seed 004 and RFC 3551)."""
-        return self.samples_for_ms(frame_ms) * self.bytes_per_sample
+        return self.samples_for_ms(frame_ms) * self.bits_per_sample // 8
 
     def silence(self, ms: int) -> bytes:
         """`ms` of digital silence in this format (what the caller hears after `clear`)."""
@@ -98,7 +127,7 @@ class AudioFormat:
 
     def ms_for_bytes(self, n_bytes: int) -> int:
         """Whole milliseconds of audio in `n_bytes` of this format, rounded down."""
-        return n_bytes // self.bytes_per_sample * 1000 // self.rate_hz
+        return n_bytes * 8 // self.bits_per_sample * 1000 // self.rate_hz
 
     def __str__(self) -> str:
         return f"{self.codec}/{self.rate_hz}"
@@ -109,6 +138,7 @@ PCMA_8K: Final = AudioFormat(_PCMA, 8000)
 PCM16_8K: Final = AudioFormat(_PCM16, 8000)
 PCM16_16K: Final = AudioFormat(_PCM16, 16000)
 PCM16_24K: Final = AudioFormat(_PCM16, 24000)
+G722_16K: Final = AudioFormat(_G722, 16000)
 
 
 def _require_whole_samples(pcm16: bytes) -> None:
@@ -138,6 +168,15 @@ def pcm16_to_alaw(pcm16: bytes) -> bytes:
     return audioop.lin2alaw(pcm16, 2)
 
 
+def _g722_module() -> Any:
+    """The G.722 wrapper, imported on first use: the media layer needs it only for SIP legs
+    that negotiated G.722, and importing it lazily keeps this module free of the carriers
+    package at import time (no import cycle, whatever `carriers/sip/__init__` grows)."""
+    from appbridge.carriers.sip import g722
+
+    return g722
+
+
 class Converter:
     """A stateful, streaming converter from one `AudioFormat` to another.
 
@@ -145,9 +184,12 @@ class Converter:
     state is kept between calls, so a stream converts the same whatever its chunking), encode.
     A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
     chunk, so apps may send binary frames of any length (seed 004, "Audio": "frames of any
-    length").
+    length"). G.722 encodes sample pairs (its QMF splits two input samples into one code of each
+    sub-band), so a lone trailing sample is held back before the encoder the same way.
 
-    One converter serves one stream: do not share it between directions or calls.
+    One converter serves one stream: do not share it between directions or calls. For G.722 this
+    is a matter of correctness, not only of resampler history: the converter owns the ADPCM
+    encoder or decoder of its stream (module doc).
     """
 
     __slots__ = (
@@ -155,7 +197,10 @@ class Converter:
         "_decode",
         "_dst",
         "_encode",
+        "_g722_decoder",
+        "_g722_encoder",
         "_identity",
+        "_pair_carry",
         "_resample",
         "_src",
         "_src_is_pcm16",
@@ -170,7 +215,15 @@ class Converter:
         self._resample = src.rate_hz != dst.rate_hz
         self._decode = {_PCMU: audioop.ulaw2lin, _PCMA: audioop.alaw2lin}.get(src.codec)
         self._encode = {_PCMU: audioop.lin2ulaw, _PCMA: audioop.lin2alaw}.get(dst.codec)
+        self._g722_decoder: Any = None
+        self._g722_encoder: Any = None
+        if not self._identity:
+            if src.codec == _G722:
+                self._g722_decoder = _g722_module().G722Decoder()
+            if dst.codec == _G722:
+                self._g722_encoder = _g722_module().G722Encoder()
         self._carry = b""
+        self._pair_carry = b""
         self._state: Any = None
 
     @property
@@ -191,8 +244,13 @@ class Converter:
         return len(self._carry)
 
     def reset(self) -> None:
-        """Forgets the resampler history and any held-back byte (e.g. after `clear`)."""
+        """Forgets the resampler history and anything held back (e.g. after `clear`).
+
+        A G.722 encoder or decoder keeps its ADPCM state: the far end's codec does not reset
+        when we do, and staying in step with it is what keeps the stream clean.
+        """
         self._carry = b""
+        self._pair_carry = b""
         self._state = None
 
     def convert(self, data: bytes) -> bytes:
@@ -207,6 +265,8 @@ class Converter:
                 self._carry = data[-1:]
                 data = data[:-1]
             pcm = data
+        elif self._g722_decoder is not None:
+            pcm = self._g722_decoder.decode(data)
         else:
             assert self._decode is not None
             pcm = self._decode(data, 2)
@@ -214,6 +274,19 @@ class Converter:
             pcm, self._state = audioop.ratecv(
                 pcm, 2, 1, self._src.rate_hz, self._dst.rate_hz, self._state
             )
+        if self._g722_encoder is not None:
+            return self._encode_g722(pcm)
         if self._encode is None:
             return pcm
         return self._encode(pcm, 2)
+
+    def _encode_g722(self, pcm: bytes) -> bytes:
+        if self._pair_carry:
+            pcm = self._pair_carry + pcm
+            self._pair_carry = b""
+        odd_bytes = len(pcm) & 3
+        if odd_bytes:
+            self._pair_carry = pcm[-odd_bytes:]
+            pcm = pcm[:-odd_bytes]
+        out: bytes = self._g722_encoder.encode(pcm)
+        return out
