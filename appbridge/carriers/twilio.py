@@ -10,6 +10,9 @@ Toward Twilio the gateway plays the app's role: ``media`` paced by the media clo
 ``LEAD_FRAMES`` frames, ``clear`` when the app clears (so nothing buffered at Twilio plays on). It
 hangs up through the REST API (``Status=completed``) when credentials are configured, and by
 closing the stream in every case.
+
+Calls the gateway places through Twilio (``POST /v1/calls``, transfer parties) are in
+``twilio_outbound.py``; their streams arrive here too and are claimed by its token first.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
 import httpx
 
-from appbridge.carriers.base import CarrierEvents, TransferError
+from appbridge.carriers.base import CarrierEvents, CarrierLeg, TransferError
 from appbridge.config import TwilioCarrierConfig
 from appbridge.media.codecs import PCMU_8K, AudioFormat
 from appbridge.media.pacing import LeadPacer
@@ -40,6 +44,7 @@ from appbridge.protocol.twilio_streams import (
 )
 
 if TYPE_CHECKING:
+    from appbridge.carriers.twilio_outbound import TwilioOutbound
     from appbridge.gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -54,7 +59,8 @@ ASGIReceive = Any
 
 
 class TwilioRestClient:
-    """Twilio's REST API, as far as the gateway uses it: updating a live call."""
+    """Twilio's REST API, as far as the gateway uses it: creating a call (outbound calls and
+    transfer parties, carriers/twilio_outbound.py) and updating a live one."""
 
     def __init__(self, http: httpx.AsyncClient, cfg: TwilioCarrierConfig) -> None:
         self._http = http
@@ -69,6 +75,15 @@ class TwilioRestClient:
         url = f"{cfg.api_base}/2010-04-01/Accounts/{cfg.account_sid}/Calls/{call_sid}.json"
         return await self._http.post(
             url, data=form, auth=(cfg.account_sid, cfg.auth_token or ""), timeout=5.0
+        )
+
+    async def create_call(self, form: Mapping[str, str | list[str]]) -> httpx.Response:
+        """``POST /2010-04-01/Accounts/{AccountSid}/Calls.json``, form-encoded; a list value
+        repeats its field (``StatusCallbackEvent``). Twilio answers 201 with the Call resource."""
+        cfg = self._cfg
+        url = f"{cfg.api_base}/2010-04-01/Accounts/{cfg.account_sid}/Calls.json"
+        return await self._http.post(
+            url, data=dict(form), auth=(cfg.account_sid, cfg.auth_token or ""), timeout=10.0
         )
 
     async def hangup(self, call_sid: str) -> bool:
@@ -88,14 +103,23 @@ class TwilioLeg:
 
     carrier = "twilio"
     audio_format: AudioFormat = PCMU_8K
+    #: Cold transfers stay with Twilio: the call's TwiML becomes ``<Dial>`` (:meth:`transfer`).
+    native_cold_transfer = True
 
     def __init__(
-        self, send: ASGISend, stream_sid: str, call_sid: str, rest: TwilioRestClient | None
+        self,
+        send: ASGISend,
+        stream_sid: str,
+        call_sid: str,
+        rest: TwilioRestClient | None,
+        *,
+        outbound: TwilioOutbound | None = None,
     ) -> None:
         self._send = send
         self.stream_sid = stream_sid
         self.call_sid = call_sid
         self._rest = rest
+        self._outbound = outbound  # places transfer parties (dial_party)
         self.events: CarrierEvents | None = None
         self._outbox: deque[tuple[bool, bytes]] = deque()  # (is_audio, text)
         self._pending_audio = 0
@@ -109,9 +133,12 @@ class TwilioLeg:
 
     def attach(self, events: CarrierEvents) -> None:
         self.events = events
-        self._writer = asyncio.get_running_loop().create_task(
-            self._write_loop(), name=f"twilio-writer:{self.call_sid}"
-        )
+        loop = asyncio.get_running_loop()
+        if self.closed:
+            # A party's stream can end before the engine attaches to it: say so at once.
+            loop.call_soon(events.on_carrier_hangup)
+            return
+        self._writer = loop.create_task(self._write_loop(), name=f"twilio-writer:{self.call_sid}")
 
     # -- output --------------------------------------------------------------------------------
     def frames_wanted(self, playing: bool) -> int:
@@ -202,6 +229,43 @@ class TwilioLeg:
             )
         self._hung_up = True  # the call goes on, bridged by Twilio: never complete it now
 
+    async def dial_party(
+        self, target: str, *, caller_id: str, headers: dict[str, str] | None, timeout_s: float
+    ) -> CarrierLeg:
+        """A transfer's new party (carriers/base.py). An E.164 ``target`` is a new Twilio call
+        whose stream comes back here (carriers/twilio_outbound.py), ``caller_id`` its From; a
+        ``sip:`` target goes out through the gateway's SIP carrier when it has one."""
+        if target.startswith("sip:"):
+            sip = self._outbound.gw.sip if self._outbound is not None else None
+            if sip is None:
+                raise TransferError(
+                    "transfer_failed", "sip: targets on Twilio calls need the SIP carrier ([sip])"
+                )
+            from appbridge.carriers.sip.party import dial_party as sip_dial_party
+            from appbridge.carriers.sip.party import route_target
+
+            # The target's trunk (INTERFACES §6); a Twilio call has no trunk of its own.
+            trunk, user = route_target(sip.outbound.cfg.trunks, None, target)
+            return await sip_dial_party(
+                sip.outbound,
+                trunk,
+                user,
+                caller_id=caller_id,
+                headers=headers,
+                timeout_s=timeout_s,
+                label=f"party of call {self.call_sid}",
+            )
+        if self._outbound is None:
+            raise TransferError("transfer_failed", "this Twilio call cannot place new calls")
+        return await self._outbound.dial_party(target, caller_id=caller_id, timeout_s=timeout_s)
+
+    async def refer(self, target: str, headers: dict[str, str] | None) -> None:
+        """A Media Stream has no SIP signalling to carry a REFER (RFC 3515)."""
+        raise TransferError(
+            "feature_not_supported",
+            "REFER is a SIP transfer; Twilio calls transfer with mode cold or warm",
+        )
+
     async def hangup(self) -> None:
         if self._hung_up:
             return
@@ -290,6 +354,8 @@ class TwilioStreamEndpoint:
         self.gw = gw
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
+
         gw = self.gw
         cfg = gw.config.twilio
         message = await receive()
@@ -340,12 +406,28 @@ class TwilioStreamEndpoint:
                         log.warning("twilio stream: second start ignored")
                         continue
                     info = msg.start
+                    # Streams of calls the gateway placed (outbound calls, transfer parties).
+                    claimed = claim_outbound_stream(gw, info, send)
+                    if isinstance(claimed, TwilioLeg):
+                        leg = claimed
+                        continue
                     call = gw.registry.get(info.call_sid)
-                    if call is None or call.leg is not None or call.state == "ended":
+                    if (
+                        claimed is not None
+                        or call is None
+                        or call.leg is not None
+                        or call.state == "ended"
+                    ):
                         log.warning("twilio stream: start for unknown call %s", info.call_sid)
                         await send({"type": "websocket.close", "code": 1008})
                         return
-                    leg = TwilioLeg(send, info.stream_sid, info.call_sid, gw.twilio_rest)
+                    leg = TwilioLeg(
+                        send,
+                        info.stream_sid,
+                        info.call_sid,
+                        gw.twilio_rest,
+                        outbound=outbound_for(gw),
+                    )
                     call.attach_carrier(leg)
                 elif isinstance(msg, TwilioStop):
                     break
@@ -359,7 +441,7 @@ class TwilioStreamEndpoint:
                 leg.closed = True
                 if leg._writer is not None:
                     leg._writer.cancel()
-            if call is not None and leg is not None and leg.events is not None:
+            if leg is not None and leg.events is not None:
                 leg.events.on_carrier_hangup()
 
 

@@ -92,8 +92,10 @@ def build_app(gw: Gateway) -> Starlette:
         return JSONResponse({"calls": calls})
 
     async def create_call(request: Request) -> Response:
-        """INTERFACES §5: checks in carriers/sip/outbound.py; 201 once the INVITE is out."""
+        """INTERFACES §5: checks in carriers/sip/outbound.py; 201 once the INVITE is out (SIP)
+        or Twilio created the call (carriers/twilio_outbound.py)."""
         from appbridge.carriers.sip.outbound import OutboundError, parse_call_request
+        from appbridge.carriers.twilio_outbound import outbound_for
 
         if not _bearer_ok(gw, request):
             return _unauthorized()
@@ -106,9 +108,12 @@ def build_app(gw: Gateway) -> Starlette:
             return error(400, "bad_request", "the body must be JSON")
         try:
             req = parse_call_request(gw, data)
-            if gw.sip is None:
-                raise OutboundError(503, "unavailable", "the SIP carrier is not running")
-            call = await gw.sip.outbound.place(req)
+            if req.carrier == "twilio":
+                call = await outbound_for(gw).place(req)
+            else:
+                if gw.sip is None:
+                    raise OutboundError(503, "unavailable", "the SIP carrier is not running")
+                call = await gw.sip.outbound.place(req)
         except OutboundError as exc:
             return error(exc.status, exc.code, exc.message)
         return JSONResponse(
@@ -154,6 +159,27 @@ def build_app(gw: Gateway) -> Starlette:
         )
         return Response(payload, status_code=status, media_type=ctype)
 
+    async def twilio_status(request: Request) -> Response:
+        """Twilio's status callback for the calls the gateway placed (twilio_outbound.py)."""
+        from appbridge.carriers.twilio_outbound import STATUS_PATH, handle_status_callback
+
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return error(413, "too_large", f"callback bodies are limited to {MAX_FORM_BYTES} bytes")
+        if "application/x-www-form-urlencoded" not in request.headers.get("content-type", ""):
+            return error(415, "unsupported_media_type", "expected a form-encoded callback")
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+        except UnicodeDecodeError:
+            return error(400, "bad_request", "the form is not UTF-8")
+        url = gw.config.server.base_url() + STATUS_PATH
+        if request.url.query:
+            url += "?" + request.url.query
+        status, ctype, payload = await handle_status_callback(
+            gw, url, pairs, request.headers.get("x-twilio-signature")
+        )
+        return Response(payload, status_code=status, media_type=ctype)
+
     async def twilio_update_call(request: Request) -> Response:
         return await twilio_rest.update_call(gw, request)
 
@@ -175,6 +201,7 @@ def build_app(gw: Gateway) -> Starlette:
         Route("/v1/calls/{call_ref}", get_call, methods=["GET"]),
         Route("/v1/calls/{call_ref}", delete_call, methods=["DELETE"]),
         Route("/twilio/voice", twilio_voice, methods=["POST"]),
+        Route("/twilio/status", twilio_status, methods=["POST"]),
         Route(TWILIO_CALL_PATH, twilio_update_call, methods=["POST"]),
         Route(
             TWILIO_CALL_PATH,

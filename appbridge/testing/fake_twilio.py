@@ -599,6 +599,8 @@ class FakeTwilio:
         self.rest = rest
         self.webhook_timeout_s = webhook_timeout_s
         self.calls: list[FakeTwilioCall] = []
+        if rest is not None:
+            rest.twilio = self  # calls the gateway places reach it through these addresses
 
     def dial_url_for(self, stream_url: str) -> str:
         """The stream URL from TwiML, re-pointed at the gateway's real address: the public
@@ -761,16 +763,26 @@ class FakeTwilioRest:
     """
 
     CALL_PATH = "/2010-04-01/Accounts/{account_sid}/Calls/{call_sid}.json"
+    CALLS_PATH = "/2010-04-01/Accounts/{account_sid}/Calls.json"
 
     def __init__(self, *, account_sid: str, auth_token: str, host: str = "127.0.0.1") -> None:
+        from appbridge.testing.fake_twilio_outbound import FakeTwilioDialer
+
         self.account_sid = account_sid
         self.auth_token = auth_token
         self.requests: list[RestRequest] = []
         self.transfers: list[tuple[str, str]] = []
         self._calls: dict[str, FakeTwilioCall] = {}
         self._fail: tuple[int, int] | None = None
+        #: Calls the gateway creates (``Calls.json``): scripts per ``To`` number, and the calls.
+        self.dialer = FakeTwilioDialer(self)
+        #: Where the gateway is (set by :class:`FakeTwilio`): streams and callbacks go there.
+        self.twilio: FakeTwilio | None = None
         app = Starlette(
-            routes=[Route(self.CALL_PATH, self._call_endpoint, methods=["GET", "POST"])],
+            routes=[
+                Route(self.CALL_PATH, self._call_endpoint, methods=["GET", "POST"]),
+                Route(self.CALLS_PATH, self._calls_endpoint, methods=["POST"]),
+            ],
             exception_handlers={HTTPException: self._http_error},  # type: ignore[dict-item]
         )
         self._server = LoopbackServer(app, host=host)
@@ -790,6 +802,7 @@ class FakeTwilioRest:
         await self._server.start()
 
     async def stop(self) -> None:
+        await self.dialer.aclose()
         await self._server.stop()
 
     @staticmethod
@@ -860,6 +873,28 @@ class FakeTwilioRest:
         record.status = response.status_code
         return response
 
+    async def _calls_endpoint(self, request: Request) -> Response:
+        """Calls create (fake_twilio_outbound.py): Twilio's checks, in its order."""
+        pairs = parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+        record = RestRequest(
+            request.method,
+            request.url.path,
+            dict(pairs),
+            self._auth_ok(request.headers.get("authorization")),
+        )
+        self.requests.append(record)
+        if self._fail is not None:
+            http_status, code = self._fail
+            self._fail = None
+            response: Response = self.error(http_status, code, f"Injected failure {code}")
+        elif not record.auth_ok:
+            response = self.error(401, 20003, "Authentication Error - invalid username")
+            response.headers["WWW-Authenticate"] = 'Basic realm="Twilio API"'
+        else:
+            response = self.dialer.create(request.path_params["account_sid"], pairs)
+        record.status = response.status_code
+        return response
+
     def _answer(self, request: Request, record: RestRequest) -> Response:
         if self._fail is not None:
             http_status, code = self._fail
@@ -882,6 +917,8 @@ class FakeTwilioRest:
             return self.error(400, 20001, f"Invalid Status: {status}")
         if status == "completed" or moves_on:
             call.updates.append(dict(record.form))
+        if not moves_on and self.dialer.on_update(call, status):
+            return JSONResponse(self.resource(call))  # a call we placed, canceled while ringing
         if call.status != "in-progress":
             if moves_on:
                 return self.error(400, 21220, "Call is not in-progress. Cannot redirect.")

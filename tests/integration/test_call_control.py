@@ -12,6 +12,7 @@ from typing import Any
 
 from appbridge.testing.audio import decode_dtmf, dominant_freq, tone_pcm16, ulaw_decode, ulaw_encode
 from appbridge.testing.fake_app import FakeApp
+from appbridge.testing.fake_twilio_outbound import Callee
 from tests.integration.conftest import SECRET, Env, gateway_env
 from tests.integration.test_bad_input import media_server  # noqa: F401  (fixture)
 from tests.integration.test_lifecycle import closed_port
@@ -49,9 +50,13 @@ async def test_hold_music_gating_and_resume(env: Env, media_server) -> None:  # 
     frames_at_hold = len(session.audio)
     heard_at_hold = len(call.heard_ulaw())
     # Every command but resume/hangup/transfer/handoff is refused while on hold.
-    for msg in ({"type": "speak", "id": "s", "text": "no"}, {"type": "clear", "id": "c"},
-                {"type": "play", "id": "p", "url": "http://x/y.wav"},
-                {"type": "dtmf.send", "id": "d", "digits": "1"}, {"type": "mark", "name": "m"}):
+    for msg in (
+        {"type": "speak", "id": "s", "text": "no"},
+        {"type": "clear", "id": "c"},
+        {"type": "play", "id": "p", "url": "http://x/y.wav"},
+        {"type": "dtmf.send", "id": "d", "digits": "1"},
+        {"type": "mark", "name": "m"},
+    ):
         await session.send(msg)
     errors = [await session.wait_for("error", timeout=5) for _ in range(5)]
     assert {e["code"] for e in errors} == {"on_hold"}
@@ -173,10 +178,15 @@ async def test_transfer_failures(env: Env) -> None:
         await session.send({"type": "transfer", "id": target, "to": target})
         err = await session.wait_for(lambda m, t=target: m.get("relatesTo") == t, timeout=5)
         assert err["code"] == "transfer_failed"
-    for mode in ("warm", "refer"):
-        await session.send({"type": "transfer", "id": mode, "to": "+15557654321", "mode": mode})
-        err = await session.wait_for(lambda m, t=mode: m.get("relatesTo") == t, timeout=5)
-        assert err["code"] == "feature_not_supported"
+    # REFER is SIP signalling: Twilio calls cannot do it.
+    await session.send({"type": "transfer", "id": "r", "to": "+15557654321", "mode": "refer"})
+    err = await session.wait_for(lambda m: m.get("relatesTo") == "r", timeout=5)
+    assert err["code"] == "feature_not_supported"
+    # A warm transfer to a busy party: transfer_failed, and the caller is back with the app.
+    env.rest.dialer.default_callee = Callee("busy")
+    await session.send({"type": "transfer", "id": "w", "to": "+15557654321", "mode": "warm"})
+    err = await session.wait_for(lambda m: m.get("relatesTo") == "w", timeout=10)
+    assert err["code"] == "transfer_failed"
     await session.send({"type": "transfer.complete", "id": "none"})
     err = await session.wait_for(lambda m: m.get("relatesTo") == "none", timeout=5)
     assert err["code"] == "bad_message"
@@ -186,16 +196,21 @@ async def test_transfer_failures(env: Env) -> None:
 
 async def test_listeners_get_events_and_their_tracks_and_are_read_only() -> None:
     async with with_apps(3) as (both, inbound, slow):
+
         def apps(app: FakeApp) -> list[dict[str, Any]]:
-            return [{
-                "ref": "main", "url": app.url, "signing_secret": SECRET,
-                "listeners": [
-                    {"url": both.url, "tracks": "both"},
-                    {"url": inbound.url, "tracks": "inbound"},
-                    {"url": slow.url, "tracks": "outbound"},
-                    {"url": f"ws://127.0.0.1:{closed_port()}/gone", "tracks": "both"},
-                ],
-            }]
+            return [
+                {
+                    "ref": "main",
+                    "url": app.url,
+                    "signing_secret": SECRET,
+                    "listeners": [
+                        {"url": both.url, "tracks": "both"},
+                        {"url": inbound.url, "tracks": "inbound"},
+                        {"url": slow.url, "tracks": "outbound"},
+                        {"url": f"ws://127.0.0.1:{closed_port()}/gone", "tracks": "both"},
+                    ],
+                }
+            ]
 
         async with gateway_env(apps) as env:
             call, session, start = await connect(env)
@@ -226,9 +241,12 @@ async def test_listeners_get_events_and_their_tracks_and_are_read_only() -> None
             # A listener that talks back gets read_only, and nothing reaches the call.
             await l_both.send({"type": "hangup", "id": "nope"})
             await l_both.send_binary(b"\x00" * 640)
-            errs = [await l_both.wait_for(
-                lambda m: m["type"] == "error" and m["code"] == "read_only", timeout=5)
-                for _ in range(2)]
+            errs = [
+                await l_both.wait_for(
+                    lambda m: m["type"] == "error" and m["code"] == "read_only", timeout=5
+                )
+                for _ in range(2)
+            ]
             assert {e["relatesTo"] for e in errs} == {"nope", "audio"}
             assert not session.of_type("session.end")
             await session.send({"type": "hangup", "id": "end"})
@@ -240,7 +258,9 @@ def _app(ref: str, url: str, message: str | None = None) -> Any:
     from appbridge.config import AppConfig, Fallback
 
     return AppConfig(
-        ref=ref, url=url, signing_secret=SECRET,
+        ref=ref,
+        url=url,
+        signing_secret=SECRET,
         fallback=Fallback(message=message) if message else None,
     )
 

@@ -301,7 +301,7 @@ async def test_request_checks() -> None:
             ({**good, "timeout_s": "30"}, 400, "bad_request", "timeout_s"),
             ({**good, "tooo": "+1555"}, 400, "bad_request", "tooo"),
             ([good], 400, "bad_request", "object"),
-            ({**good, "carrier": "twilio"}, 501, "not_implemented", "Twilio"),
+            ({**good, "carrier": "twilio"}, 502, "carrier_error", "Twilio"),
         ]
         for body, status, code, words in cases:
             resp = await post(env, body)
