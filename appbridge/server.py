@@ -1,7 +1,8 @@
 """``appbridge serve``: the asyncio shell around the gateway (INTERFACES §2).
 
-uvicorn serves the Starlette app on uvloop with the sans-I/O websockets implementation. Signals
-are the gateway's own, not uvicorn's:
+uvicorn serves the Starlette app on uvloop with the sans-I/O websockets implementation, and the
+Twilio Media Stream beside it without the ASGI layer (``http/ws_fastpath.py``). Signals are the
+gateway's own, not uvicorn's:
 
 * SIGHUP reloads the configuration file: a valid one replaces apps, numbers and secrets for new
   calls at once (seed 004: "Rotating the signing secret takes effect immediately"); live calls go
@@ -23,8 +24,7 @@ from collections.abc import Callable
 
 from appbridge.config import Config, ConfigError, load_config
 from appbridge.gateway import Gateway
-from appbridge.http.app import build_app
-from appbridge.http.uvicorn_server import EmbeddedServer, uvicorn_config
+from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server
 
 log = logging.getLogger("appbridge")
 
@@ -51,10 +51,7 @@ async def run_gateway(
     ready: Callable[[Gateway, EmbeddedServer], None] | None = None,
 ) -> int:
     gw = Gateway(config)
-    app = build_app(gw)
-    server = EmbeddedServer(
-        uvicorn_config(app, host=config.server.host, port=config.server.port)
-    )
+    server = gateway_server(gw, host=config.server.host, port=config.server.port)
     loop = asyncio.get_running_loop()
     stop_now = asyncio.Event()
     drain_requested = asyncio.Event()

@@ -13,6 +13,12 @@ closing the stream in every case.
 
 Calls the gateway places through Twilio (``POST /v1/calls``, transfer parties) are in
 ``twilio_outbound.py``; their streams arrive here too and are claimed by its token first.
+
+The stream is served on uvicorn's port without its ASGI layer (``http/ws_fastpath.py``, issue 7):
+:func:`accept_twilio_stream` checks the upgrade and :class:`TwilioStreamSession` gets each text
+frame in one synchronous call; the leg writes to a :class:`StreamSink`, so a frame out is one
+``transport.write``. :class:`TwilioStreamEndpoint` is the same session behind ASGI, for a server
+run without the fast path (``APPBRIDGE_WS_FASTPATH=off``).
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import quote, urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
@@ -46,6 +52,7 @@ from appbridge.protocol.twilio_streams import (
 if TYPE_CHECKING:
     from appbridge.carriers.twilio_outbound import TwilioOutbound
     from appbridge.gateway import Gateway
+    from appbridge.http.ws_fastpath import FastHandler, FastWebSocket, UpgradeRequest
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,24 @@ MAX_PENDING_AUDIO = 50
 STREAM_WAIT_S = 15.0
 ASGISend = Any
 ASGIReceive = Any
+
+
+@runtime_checkable
+class StreamSink(Protocol):
+    """Where a leg's frames go when no task stands between it and the socket
+    (:class:`~appbridge.http.ws_fastpath.FastWebSocket`). Every method returns at once."""
+
+    is_open: bool
+
+    def send_text(self, data: bytes) -> None:
+        """A control frame (``clear``): never dropped while the stream is open."""
+        ...
+
+    def send_droppable_text(self, data: bytes) -> bool:
+        """An audio frame: False when dropped because the peer reads too slowly."""
+        ...
+
+    def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
 class TwilioRestClient:
@@ -99,7 +124,11 @@ class TwilioRestClient:
 
 
 class TwilioLeg:
-    """One Media Stream, seen from the call. Sends never wait (DESIGN.md)."""
+    """One Media Stream, seen from the call. Sends never wait (DESIGN.md).
+
+    ``send`` is a :class:`StreamSink` (the fast path: each frame is written as it is made) or an
+    ASGI ``send`` (a writer task drains a bounded outbox).
+    """
 
     carrier = "twilio"
     audio_format: AudioFormat = PCMU_8K
@@ -108,14 +137,15 @@ class TwilioLeg:
 
     def __init__(
         self,
-        send: ASGISend,
+        send: StreamSink | ASGISend,
         stream_sid: str,
         call_sid: str,
         rest: TwilioRestClient | None,
         *,
         outbound: TwilioOutbound | None = None,
     ) -> None:
-        self._send = send
+        self._send: ASGISend = send
+        self._sink: StreamSink | None = send if isinstance(send, StreamSink) else None
         self.stream_sid = stream_sid
         self.call_sid = call_sid
         self._rest = rest
@@ -138,6 +168,8 @@ class TwilioLeg:
             # A party's stream can end before the engine attaches to it: say so at once.
             loop.call_soon(events.on_carrier_hangup)
             return
+        if self._sink is not None:
+            return  # nothing to drain: sends write at once
         self._writer = loop.create_task(self._write_loop(), name=f"twilio-writer:{self.call_sid}")
 
     # -- output --------------------------------------------------------------------------------
@@ -147,10 +179,22 @@ class TwilioLeg:
     def send_frame(self, frame: bytes) -> None:
         self.pacer.on_sent()
         self.frames_sent += 1
+        sink = self._sink
+        if sink is not None:
+            if not self.closed and not sink.send_droppable_text(
+                TwilioAppSideWriter.media(self.stream_sid, frame)
+            ):
+                self.audio_dropped += 1
+            return
         self._enqueue(True, TwilioAppSideWriter.media(self.stream_sid, frame))
 
     def clear_output(self) -> None:
         self.pacer.on_cleared()
+        if self._sink is not None:
+            # What the socket already took is Twilio's to drop: that is what ``clear`` asks.
+            if not self.closed:
+                self._sink.send_text(TwilioAppSideWriter.clear(self.stream_sid))
+            return
         # Audio not yet written is as good as cleared: drop it before it reaches Twilio.
         if self._pending_audio:
             # In place: the writer task holds this very deque.
@@ -277,6 +321,10 @@ class TwilioLeg:
     async def close(self) -> None:
         if self.closed:
             return
+        if self._sink is not None:
+            self.closed = True
+            self._sink.close(1000)  # what was written goes out before the close frame
+            return
         # Let what is queued go out, then close the stream.
         for _ in range(50):
             if not self._outbox:
@@ -347,40 +395,155 @@ def stream_url(base_url: str) -> str:
 # -- the Media Stream endpoint -------------------------------------------------------------------
 
 
+def stream_signature_ok(gw: Gateway, query: str, signature: str) -> bool:
+    """INTERFACES §5: the upgrade is signed over the public stream URL, with empty params."""
+    cfg = gw.config.twilio
+    if cfg is None:
+        return False
+    if not cfg.auth_token:
+        return True
+    url = stream_url(gw.config.server.base_url())
+    if query:
+        url = f"{url}?{query}"
+    if verify_twilio(cfg.auth_token, url, None, signature):
+        return True
+    log.warning("twilio stream: bad or missing X-Twilio-Signature; refused")
+    gw.metrics.bad_signatures += 1
+    return False
+
+
+class TwilioStreamSession:
+    """The carrier side of one Media Stream, fed whole text frames by whichever server carries
+    it. :meth:`on_text` answers None to go on, or the close code to end the stream with: 1008
+    for a ``start`` of no call of this gateway, 1000 after Twilio's ``stop``."""
+
+    def __init__(self, gw: Gateway, sink: StreamSink | ASGISend) -> None:
+        self.gw = gw
+        self.sink = sink
+        self.leg: TwilioLeg | None = None
+        self._ended = False
+
+    def on_text(self, data: bytes | str) -> int | None:
+        msg = decode_twilio(data)
+        leg = self.leg
+        if isinstance(msg, TwilioMedia):
+            if leg is not None and leg.events is not None:
+                leg.events.on_carrier_audio(msg.media.payload)
+        elif isinstance(msg, TwilioDtmf):
+            if leg is not None and leg.events is not None:
+                leg.events.on_carrier_dtmf(msg.dtmf.digit)
+        elif isinstance(msg, TwilioStart):
+            if leg is not None:
+                log.warning("twilio stream: second start ignored")
+                return None
+            return self._on_start(msg)
+        elif isinstance(msg, TwilioStop):
+            return 1000
+        elif isinstance(msg, TwilioBadMessage):
+            self.gw.metrics.carrier_bad_messages += 1
+            log.warning("twilio stream: bad message: %s", msg.message)
+        elif isinstance(msg, TwilioIgnored):
+            log.debug("twilio stream: ignoring %s", msg.event)
+        return None
+
+    def on_binary(self) -> None:
+        self.gw.metrics.carrier_bad_messages += 1
+        log.warning("twilio stream: binary frame ignored (Twilio sends text only)")
+
+    def _on_start(self, msg: TwilioStart) -> int | None:
+        from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
+
+        gw = self.gw
+        info = msg.start
+        # Streams of calls the gateway placed (outbound calls, transfer parties).
+        claimed = claim_outbound_stream(gw, info, self.sink)
+        if isinstance(claimed, TwilioLeg):
+            self.leg = claimed
+            return None
+        call = gw.registry.get(info.call_sid)
+        if claimed is not None or call is None or call.leg is not None or call.state == "ended":
+            log.warning("twilio stream: start for unknown call %s", info.call_sid)
+            return 1008
+        self.leg = TwilioLeg(
+            self.sink, info.stream_sid, info.call_sid, gw.twilio_rest, outbound=outbound_for(gw)
+        )
+        call.attach_carrier(self.leg)
+        return None
+
+    def on_closed(self) -> None:
+        """The stream is gone (either side closed it, or the socket died): the caller hung up,
+        as far as the call can tell (INTERFACES §6, "Who hung up")."""
+        if self._ended:
+            return
+        self._ended = True
+        leg = self.leg
+        if leg is None:
+            return
+        leg.closed = True
+        if leg._writer is not None:
+            leg._writer.cancel()
+        if leg.events is not None:
+            leg.events.on_carrier_hangup()
+
+
+class _FastTwilioStream:
+    """:class:`~appbridge.http.ws_fastpath.FastHandler` of one stream."""
+
+    __slots__ = ("session", "ws")
+
+    def __init__(self, session: TwilioStreamSession, ws: FastWebSocket) -> None:
+        self.session = session
+        self.ws = ws
+
+    def on_text(self, data: bytes) -> None:
+        code = self.session.on_text(data)
+        if code is not None:
+            self.ws.close(code)
+
+    def on_binary(self, data: bytes) -> None:
+        self.session.on_binary()
+
+    def on_close(self, code: int | None) -> None:
+        self.session.on_closed()
+
+
+def accept_twilio_stream(
+    gw: Gateway,
+) -> Callable[[UpgradeRequest, FastWebSocket], FastHandler | None]:
+    """The fast route of ``WS /twilio/stream`` (http/ws_fastpath.py): a refused upgrade (no
+    ``[carriers.twilio]``, a bad signature) is answered HTTP 403, as the ASGI route does."""
+
+    def accept(request: UpgradeRequest, ws: FastWebSocket) -> FastHandler | None:
+        if not stream_signature_ok(
+            gw, request.query, request.headers.get("x-twilio-signature", "")
+        ):
+            return None
+        return _FastTwilioStream(TwilioStreamSession(gw, ws), ws)
+
+    return accept
+
+
 class TwilioStreamEndpoint:
-    """ASGI WebSocket endpoint for ``WS /twilio/stream`` (INTERFACES §5)."""
+    """ASGI WebSocket endpoint for ``WS /twilio/stream`` (INTERFACES §5), used when the server
+    runs without the fast path."""
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
-        from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
-
-        gw = self.gw
-        cfg = gw.config.twilio
         message = await receive()
         if message["type"] != "websocket.connect":
             return
-        if cfg is None:
-            await send({"type": "websocket.close", "code": 1008})
+        signature = ""
+        for name, value in scope["headers"]:
+            if name.lower() == b"x-twilio-signature":
+                signature = value.decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        if not stream_signature_ok(self.gw, query, signature):
+            await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
             return
-        if cfg.auth_token:
-            headers = {
-                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
-            }
-            url = stream_url(gw.config.server.base_url())
-            query = scope.get("query_string", b"").decode("latin-1")
-            if query:
-                url = f"{url}?{query}"
-            signature = headers.get("x-twilio-signature", "")
-            if not verify_twilio(cfg.auth_token, url, None, signature):
-                log.warning("twilio stream: bad or missing X-Twilio-Signature; refused")
-                gw.metrics.bad_signatures += 1
-                await send({"type": "websocket.close", "code": 1008})
-                return
         await send({"type": "websocket.accept"})
-        leg: TwilioLeg | None = None
-        call = None
+        session = TwilioStreamSession(self.gw, send)
         try:
             while True:
                 message = await receive()
@@ -391,58 +554,16 @@ class TwilioStreamEndpoint:
                     continue
                 text = message.get("text")
                 if text is None:
-                    gw.metrics.carrier_bad_messages += 1
-                    log.warning("twilio stream: binary frame ignored (Twilio sends text only)")
+                    session.on_binary()
                     continue
-                msg = decode_twilio(text)
-                if isinstance(msg, TwilioMedia):
-                    if leg is not None and leg.events is not None:
-                        leg.events.on_carrier_audio(msg.media.payload)
-                elif isinstance(msg, TwilioDtmf):
-                    if leg is not None and leg.events is not None:
-                        leg.events.on_carrier_dtmf(msg.dtmf.digit)
-                elif isinstance(msg, TwilioStart):
-                    if leg is not None:
-                        log.warning("twilio stream: second start ignored")
-                        continue
-                    info = msg.start
-                    # Streams of calls the gateway placed (outbound calls, transfer parties).
-                    claimed = claim_outbound_stream(gw, info, send)
-                    if isinstance(claimed, TwilioLeg):
-                        leg = claimed
-                        continue
-                    call = gw.registry.get(info.call_sid)
-                    if (
-                        claimed is not None
-                        or call is None
-                        or call.leg is not None
-                        or call.state == "ended"
-                    ):
-                        log.warning("twilio stream: start for unknown call %s", info.call_sid)
-                        await send({"type": "websocket.close", "code": 1008})
-                        return
-                    leg = TwilioLeg(
-                        send,
-                        info.stream_sid,
-                        info.call_sid,
-                        gw.twilio_rest,
-                        outbound=outbound_for(gw),
-                    )
-                    call.attach_carrier(leg)
-                elif isinstance(msg, TwilioStop):
+                code = session.on_text(text)
+                if code == 1008:
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                if code is not None:
                     break
-                elif isinstance(msg, TwilioBadMessage):
-                    gw.metrics.carrier_bad_messages += 1
-                    log.warning("twilio stream: bad message: %s", msg.message)
-                elif isinstance(msg, TwilioIgnored):
-                    log.debug("twilio stream: ignoring %s", msg.event)
         finally:
-            if leg is not None:
-                leg.closed = True
-                if leg._writer is not None:
-                    leg._writer.cancel()
-            if leg is not None and leg.events is not None:
-                leg.events.on_carrier_hangup()
+            session.on_closed()
 
 
 # -- the voice webhook ----------------------------------------------------------------------------

@@ -1,11 +1,27 @@
-"""uvicorn, minus its signal handling: the gateway (or a test) owns the process's signals."""
+"""uvicorn, minus its signal handling: the gateway (or a test) owns the process's signals.
+
+The gateway's server serves ``WS /twilio/stream`` on the WebSocket fast path
+(``ws_fastpath.py``, issue 7) and every other route through uvicorn's ASGI layer. Setting
+``APPBRIDGE_WS_FASTPATH=off`` in the environment serves the stream through ASGI too (the same
+behaviour, at about 20 % more of the gateway's CPU under load): an operator's way out should the
+fast path ever misbehave, and the benchmark's A/B switch.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import uvicorn
+
+from appbridge.http.ws_fastpath import Acceptor, fast_ws_protocol
+
+if TYPE_CHECKING:
+    from appbridge.gateway import Gateway
+
+FASTPATH_ENV = "APPBRIDGE_WS_FASTPATH"
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -32,3 +48,28 @@ def uvicorn_config(app: object, **overrides: object) -> uvicorn.Config:
     }
     settings.update(overrides)
     return uvicorn.Config(app, **settings)  # type: ignore[arg-type]
+
+
+def fastpath_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(FASTPATH_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def fast_routes(gw: Gateway) -> dict[str, Acceptor]:
+    """The WebSocket routes served without ASGI (INTERFACES §5 routes, same port)."""
+    from appbridge.carriers.twilio import accept_twilio_stream
+
+    return {"/twilio/stream": accept_twilio_stream(gw)}
+
+
+def gateway_server(
+    gw: Gateway, *, fastpath: bool | None = None, **overrides: object
+) -> EmbeddedServer:
+    """The gateway's HTTP server: its Starlette app, plus the fast WebSocket routes unless
+    ``fastpath`` is False (default: :func:`fastpath_enabled`)."""
+    from appbridge.http.app import build_app
+
+    if fastpath is None:
+        fastpath = fastpath_enabled()
+    if fastpath:
+        overrides.setdefault("ws", fast_ws_protocol(fast_routes(gw)))
+    return EmbeddedServer(uvicorn_config(build_app(gw), **overrides))

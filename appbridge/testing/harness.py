@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 
 from appbridge.config import Config
 from appbridge.gateway import Gateway
-from appbridge.http.app import build_app
-from appbridge.http.uvicorn_server import EmbeddedServer, uvicorn_config
+from appbridge.http.uvicorn_server import gateway_server
 
 
 def bind_loopback() -> socket.socket:
@@ -34,15 +33,16 @@ def with_port(config: Config, port: int) -> Config:
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    config: Config, sock: socket.socket | None = None
+    config: Config, sock: socket.socket | None = None, *, fastpath: bool | None = None
 ) -> AsyncIterator[Gateway]:
-    """Serve ``config`` on ``sock`` (or a fresh loopback socket); the port is patched in."""
+    """Serve ``config`` on ``sock`` (or a fresh loopback socket); the port is patched in.
+    ``fastpath`` as in :func:`~appbridge.http.uvicorn_server.gateway_server`."""
     sock = sock or bind_loopback()
     port = sock.getsockname()[1]
     if config.server.port != port:
         config = with_port(config, port)
     gw = Gateway(config)
-    server = EmbeddedServer(uvicorn_config(build_app(gw), timeout_graceful_shutdown=1))
+    server = gateway_server(gw, fastpath=fastpath, timeout_graceful_shutdown=1)
     await gw.start()
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started:
