@@ -8,6 +8,7 @@ speech catalog, the outbound HTTP client and the TLS context for ``wss://`` app 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import ssl
 import time
@@ -22,7 +23,9 @@ from appbridge.calls.registry import CallRegistry
 from appbridge.carriers.twilio import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
 from appbridge.config import Config
+from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
 from appbridge.media.media_clock import MediaClock
+from appbridge.net.loop_watch import LoopStallWatch, MemoryDiffLog, threshold_from_env
 from appbridge.net.ws_client import close_all
 from appbridge.speech.base import SttProvider
 from appbridge.speech.catalog import SpeechCatalog, build_catalog
@@ -65,6 +68,20 @@ def build_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
     return ctx
 
 
+#: Modules that libraries import on first use, on the loop: the first Twilio REST hangup
+#: imported anyio's asyncio backend (through httpcore's ``AsyncEvent``), a 60 ms stall in the
+#: churn soak (docs/PERFORMANCE.md). Imported at start-up instead, before ``gc.freeze()``.
+LAZY_IMPORTS = ("anyio._backends._asyncio",)
+
+
+def _preload_lazy_imports() -> None:
+    for name in LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # pragma: no cover - an optional backend is missing: no harm
+            log.debug("preload: %s is not installed", name)
+
+
 class Gateway:
     def __init__(
         self,
@@ -97,6 +114,14 @@ class Gateway:
             self.stt_providers["local"] = LocalSttProvider()
         # -- SIP carrier (issue 6): started and stopped with the gateway when [sip] is set.
         self.sip: SipService | None = None
+        # Opt-in diagnostic (APPBRIDGE_STALL_TRACE_MS): log what holds the loop too long.
+        self.stall_watch: LoopStallWatch | None = None
+        self.memory_log: MemoryDiffLog | None = None
+        # Full garbage collections every 2 s between ticks, not one big one a minute
+        # (media/gc_pacer.py); APPBRIDGE_GC_PERIOD_S=0 leaves CPython's schedule.
+        gc_period_s = period_from_env()
+        self.gc_pacer = GcPacerShell(GcPacer(gc_period_s)) if gc_period_s is not None else None
+        self._gc_key: int | None = None
 
     def stt_for(self, voice_id: str, choice: str = "auto") -> SttProvider | None:
         """The STT a call listens with: ``speech.stt`` of its app, where ``auto`` means the
@@ -149,7 +174,18 @@ class Gateway:
             await asyncio.sleep(1.0)
 
     async def start(self) -> None:
+        _preload_lazy_imports()
         self.media_clock.start()
+        if self.gc_pacer is not None:
+            self.gc_pacer.start(asyncio.get_running_loop())
+            self._gc_key = self.media_clock.subscribe(self.gc_pacer.on_tick)
+        stall_threshold_s = threshold_from_env()
+        if stall_threshold_s is not None:
+            self.stall_watch = LoopStallWatch(stall_threshold_s)
+            self.stall_watch.start(asyncio.get_running_loop())
+        self.memory_log = MemoryDiffLog.from_env()
+        if self.memory_log is not None:
+            self.memory_log.start(asyncio.get_running_loop())
         self._cpu_task = asyncio.get_running_loop().create_task(self._sample_cpu())
         # -- SIP carrier (issue 6) --
         if self.config.sip is not None:
@@ -159,9 +195,7 @@ class Gateway:
             await self.sip.start()
         # Load the models of the STT providers the apps use, in the background: the first call
         # must not wait, and a model no app needs costs no memory.
-        used = {
-            self.stt_for(app.speech.voice, app.speech.stt) for app in self.config.apps.values()
-        }
+        used = {self.stt_for(app.speech.voice, app.speech.stt) for app in self.config.apps.values()}
         for provider in used:
             preload = getattr(provider, "preload", None)
             if preload is not None:
@@ -177,6 +211,17 @@ class Gateway:
             self.sip = None
         await close_all(timeout_s=1.0)
         await self.media_clock.stop()
+        if self.gc_pacer is not None:
+            if self._gc_key is not None:
+                self.media_clock.unsubscribe(self._gc_key)
+                self._gc_key = None
+            self.gc_pacer.stop()
+        if self.stall_watch is not None:
+            self.stall_watch.stop()
+            self.stall_watch = None
+        if self.memory_log is not None:
+            self.memory_log.stop()
+            self.memory_log = None
         if self._cpu_task is not None:
             self._cpu_task.cancel()
         await _aclose_all([*self.catalog.providers(), *self.stt_providers.values()])

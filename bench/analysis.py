@@ -1,14 +1,17 @@
 """From the fakes' recordings of one step to the figures of the table (bench/README.md).
 
-Reads :class:`~appbridge.testing.fake_twilio.FakeTwilioCall` and :class:`bench.talker.AppScript`
-after the calls have hung up; only what happened inside the hold window counts (the ramp and
-the hang-up are excluded). The pure pieces are in :mod:`bench.measure`.
+Reads :class:`~appbridge.testing.fake_twilio.FakeTwilioCall` (or the SIP caller,
+:class:`bench.sip_caller.SipCaller`, which offers the same views) and
+:class:`bench.talker.AppScript` after the calls have hung up; only what happened inside the
+hold window counts (the ramp and the hang-up are excluded). The pure pieces are in
+:mod:`bench.measure`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +23,17 @@ from bench.measure import (
     burst_frames_lost,
     caller_jitter_ms,
     inbound_latencies_ms,
+    onset_latencies_ms,
     playing_at,
 )
 from bench.report import Summary, summarize
+from bench.sip_caller import SipCaller
 from bench.talker import AppScript
 
-__all__ = ["CallerFigures", "analyse_calls"]
+#: A Twilio caller (the project's fake) or a SIP/RTP one (bench/sip_caller.py).
+Caller = FakeTwilioCall | SipCaller
+
+__all__ = ["Caller", "CallerFigures", "analyse_calls"]
 
 INBOUND_TRACK_ID = 1
 #: A burst counts when the window still held it whole: sent this long before the window closed.
@@ -57,6 +65,7 @@ class CallerFigures:
     expected_by_kind: dict[str, int] = field(default_factory=dict)
     lost_by_kind: dict[str, int] = field(default_factory=dict)
     bursts_silent: int = 0  # bursts of which not one frame reached the caller
+    sip_speak_bursts_unmeasured: int = 0  # frames lost is not measurable there (see below)
     calls_with_silent_bursts: int = 0
     marks_missing: int = 0
     done_missing: int = 0
@@ -113,6 +122,7 @@ class CallerFigures:
             expected_by_kind=dict(self.expected_by_kind),
             lost_by_kind=dict(self.lost_by_kind),
             bursts_silent=self.bursts_silent,
+            sip_speak_bursts_unmeasured=self.sip_speak_bursts_unmeasured,
             calls_with_silent_bursts=self.calls_with_silent_bursts,
             marks_missing=self.marks_missing,
             output_done_missing=self.done_missing,
@@ -133,22 +143,39 @@ def _expected_frames(script: AppScript, burst_index: int) -> int | None:
     return None
 
 
-def _analyse_one(
-    call: FakeTwilioCall, script: AppScript, window: tuple[float, float], out: CallerFigures
-) -> None:
-    t0, t1 = window
+def _media_received(call: Caller) -> list[tuple[float, int]]:
+    """(arrival, audio bytes) per message of gateway audio that reached the caller."""
+    if isinstance(call, SipCaller):
+        return call.media_arrivals()
     media: list[tuple[float, int]] = []
     for t, msg in call.received:
         if msg.get("event") == "media":
             body = msg.get("media")
             payload = body.get("payload") if isinstance(body, dict) else None
             media.append((t, _b64_len(payload) if isinstance(payload, str) else 0))
-    out.jitter_ms += caller_jitter_ms([t for t, _ in media if t0 <= t < t1])
+    return media
+
+
+def _media_sent_times(call: Caller) -> list[float]:
+    """When the caller sent each 20 ms frame of its voice (or of silence)."""
+    if isinstance(call, SipCaller):
+        return call.sent_media_times()
+    return [t for t, msg in call.sent if msg.get("event") == "media"]
+
+
+def _analyse_one(
+    call: Caller, script: AppScript, window: tuple[float, float], out: CallerFigures
+) -> None:
+    t0, t1 = window
+    media = _media_received(call)
+    # RTP is continuous (silence when idle): its pacing is every packet's, audio or not.
+    paced = call.recv_times if isinstance(call, SipCaller) else [t for t, _ in media]
+    out.jitter_ms += caller_jitter_ms([t for t in paced if t0 <= t < t1])
     out.caller_protocol_errors += len(call.protocol_errors)
     out.app_protocol_errors += len(script.session.protocol_errors)
 
     # Inbound: caller media sent -> the app's binary frame on the inbound track.
-    sent = [t for t, msg in call.sent if msg.get("event") == "media"]
+    sent = _media_sent_times(call)
     session = script.session
     received = [
         t
@@ -157,11 +184,21 @@ def _analyse_one(
     ]
     out.inbound_frames_sent += sum(1 for t in sent if t0 <= t < t1)
     out.inbound_frames_received += sum(1 for t in received if t0 <= t < t1)
-    latencies = inbound_latencies_ms(sent, received, window=window)
-    if latencies is None:
-        out.inbound_unpaired_calls += 1
+    if isinstance(call, SipCaller):
+        # Frames cannot be paired over SIP (the jitter buffer conceals and drops): measure from
+        # each talkspurt's first packet to the first loud frame at the app instead.
+        frames = [
+            (t, frame[1:])
+            for t, frame in zip(session.audio_times, session.audio, strict=True)
+            if frame[:1] == bytes([INBOUND_TRACK_ID])
+        ]
+        out.inbound_latency_ms += onset_latencies_ms(call.onset_times, frames, window=window)
     else:
-        out.inbound_latency_ms += latencies
+        latencies = inbound_latencies_ms(sent, received, window=window)
+        if latencies is None:
+            out.inbound_unpaired_calls += 1
+        else:
+            out.inbound_latency_ms += latencies
 
     for _, msg in script.events("error"):
         code = str(msg.get("code"))
@@ -193,6 +230,11 @@ def _analyse_one(
             continue
         if mark is None or mark.get("cleared") is not False:
             out.marks_missing += 1
+        if burst.kind == "speak" and isinstance(call, SipCaller):
+            # RTP never stops (silence when idle), so a frame of eSpeak's own digital silence
+            # cannot be told from "nothing played": spoken bursts are not counted over SIP.
+            out.sip_speak_bursts_unmeasured += 1
+            continue
         expected = _expected_frames(script, i)
         if expected is None:
             out.done_missing += 1
@@ -213,7 +255,7 @@ def _analyse_one(
 
 
 def analyse_calls(
-    pairs: list[tuple[FakeTwilioCall, AppScript]], window: tuple[float, float]
+    pairs: Sequence[tuple[Caller, AppScript]], window: tuple[float, float]
 ) -> CallerFigures:
     """The figures over every (caller, app session) pair that lived through the window."""
     out = CallerFigures()

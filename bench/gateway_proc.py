@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,6 +34,8 @@ __all__ = [
     "GatewaySpec",
     "child_setup",
     "free_loopback_port",
+    "free_loopback_udp_port",
+    "free_rtp_range",
     "loop_env",
     "render_config",
     "worker_number",
@@ -40,6 +43,43 @@ __all__ = [
 
 _PR_SET_PDEATHSIG = 1
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def free_loopback_udp_port() -> int:
+    """A UDP port on 127.0.0.1 that was free a moment ago (for the gateway's SIP listener)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+#: Below Linux's ephemeral range (32768-60999), where no client socket lands by chance.
+RTP_AREA = (20000, 32766)
+
+
+def free_rtp_range(calls: int, rng: random.Random | None = None) -> tuple[int, int]:
+    """An even-sized block of UDP ports for the gateway's ``[sip] rtp_ports``, free right now.
+
+    The machine is shared (other benchmarks and sipp tests hold RTP ports), and the gateway
+    gives up a call after 20 ports in use: the block is placed at random below the ephemeral
+    range, with room for twice the calls, and every one of its even ports is checked.
+    """
+    rng = rng or random.Random()
+    size = max(200, 4 * calls)
+    for _ in range(50):
+        low = rng.randrange(RTP_AREA[0], RTP_AREA[1] - size) & ~1
+        if all(_udp_port_free(port) for port in range(low, low + size, 2)):
+            return (low, low + size - 1)
+    raise RuntimeError(f"no free block of {size} UDP ports in {RTP_AREA}")
+
+
+def _udp_port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_loopback_port() -> int:
@@ -64,6 +104,9 @@ class GatewaySpec:
     app_urls: tuple[str, ...]  # one fake app per load-generator worker
     account_sid: str
     max_calls: int = 5000
+    #: The gateway's SIP listener (UDP on 127.0.0.1) and RTP port range; None: no ``[sip]``.
+    sip_port: int | None = None
+    rtp_ports: tuple[int, int] = (20000, 20399)
 
     @property
     def base_url(self) -> str:
@@ -107,7 +150,15 @@ audio = {{ codec = "pcm16", rate = 16000 }}
         for k in range(len(spec.app_urls))
     ]
     numbers.append('\n[[numbers]]\nnumber = "*"\napp = "bench-0"\n')
-    return head + "".join(apps) + "".join(numbers)
+    sip = ""
+    if spec.sip_port is not None:
+        low, high = spec.rtp_ports
+        sip = f"""
+[sip]
+listen = ["udp:127.0.0.1:{spec.sip_port}"]
+rtp_ports = [{low}, {high}]
+"""
+    return head + sip + "".join(apps) + "".join(numbers)
 
 
 def loop_env(loop: str, shim_root: Path, env: Mapping[str, str]) -> dict[str, str]:

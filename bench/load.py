@@ -35,15 +35,19 @@ from typing import Any
 import httpx
 
 from bench.analysis import CallerFigures
+from bench.bars import bar_failures, final_line
 from bench.gateway_proc import (
     GatewayProcess,
     GatewaySpec,
     child_setup,
     free_loopback_port,
+    free_loopback_udp_port,
+    free_rtp_range,
     loop_env,
     render_config,
     worker_number,
 )
+from bench.options import build_parser
 from bench.report import (
     CpuTimes,
     bound_cell,
@@ -150,6 +154,13 @@ def _gateway_executable() -> str:
     return found
 
 
+def _cell(summary: dict[str, Any]) -> str:
+    """``p50/p99/max`` of a :meth:`Summary.as_dict`, or ``-``."""
+    if not summary.get("count"):
+        return "-"
+    return "/".join(f"{summary[k]:.1f}" for k in ("p50", "p99", "max"))
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -249,7 +260,9 @@ async def start_gateway(
         rest_base_url=workers[0].hello["rest_base_url"],
         app_urls=tuple(w.hello["app_url"] for w in workers),
         account_sid=ACCOUNT_SID,
-        max_calls=max(1000, 2 * calls),
+        max_calls=args.overload if args.overload else max(1000, 2 * calls),
+        sip_port=free_loopback_udp_port() if args.sip_share > 0 else None,
+        rtp_ports=free_rtp_range(calls),
     )
     config_path = out_dir / f"{name}.toml"
     config_path.write_text(render_config(spec))
@@ -311,6 +324,8 @@ async def _measure(
             to=worker_number(worker.index),
             rate=args.ramp_rate * n / calls,
             up_timeout=args.up_timeout,
+            sip=None if spec.sip_port is None else ["127.0.0.1", spec.sip_port],
+            sip_share=args.sip_share,
         )
 
     ramps = await asyncio.gather(*(ramp(w, n) for w, n in zip(workers, shares, strict=True)))
@@ -335,8 +350,11 @@ async def _measure(
     window_s = t1 - t0
     finishes = await _all(workers, "finish", 120.0, window=[t0, t1], timeout=args.up_timeout)
     figures = CallerFigures()
+    by_carrier = {"sip": CallerFigures(), "twilio": CallerFigures()}
     for answer in finishes:
         figures.merge(CallerFigures.from_wire(answer["figures"]))
+        for carrier, wire in answer.get("by_carrier", {}).items():
+            by_carrier[carrier].merge(CallerFigures.from_wire(wire))
 
     held = sum(int(e["held"]) for e in ends)
     gw_cpu_pct = 100.0 * (gw_cpu1 - gw_cpu0) / window_s
@@ -366,6 +384,11 @@ async def _measure(
 
     data: dict[str, Any] = {
         "offered": calls,
+        "offered_sip_share": args.sip_share,
+        "max_calls": spec.max_calls,
+        "refused": sum(int(r.get("refused", 0)) for r in ramps),
+        "refused_sip": sum(int(r.get("refused_sip", 0)) for r in ramps),
+        "held_sip": sum(int(e.get("held_sip", 0)) for e in ends),
         "workers": [
             {**w.hello, "calls": n, **r, "cpu_pct": round(p, 1), "rss_max_mb": e["rss_mb"]}
             for w, n, r, p, e in zip(workers, shares, ramps, gen_pct, ends, strict=True)
@@ -398,6 +421,15 @@ async def _measure(
         "valid": valid,
         "rest_requests": sum(int(a.get("rest_requests", 0)) for a in finishes),
         **figures.as_dict(),
+        "by_carrier": {
+            carrier: {
+                key: value
+                for key, value in part.as_dict().items()
+                if key in ("caller_jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+                or key in ("frames_lost", "frames_expected", "clears_at_caller", "clears_sent")
+            }
+            for carrier, part in by_carrier.items()
+        },
     }
     tick = "/".join(
         bound_cell(v)
@@ -491,10 +523,36 @@ async def run(args: argparse.Namespace) -> int:
             f"{data['gateway_errors'] or 'none'}; core use {data['cores']}",
             flush=True,
         )
+        print(
+            "  by carrier (p50/p99/max ms): "
+            + "; ".join(
+                f"{carrier}: clear→silence {_cell(part['clear_to_silence_ms'])}, inbound "
+                f"{_cell(part['inbound_latency_ms'])}, jitter {_cell(part['caller_jitter_ms'])}, "
+                f"frames lost {part['frames_lost']}/{part['frames_expected']}"
+                for carrier, part in data["by_carrier"].items()
+            ),
+            flush=True,
+        )
         if data["held"] == 0:
             print(f"bench: no call was answered; see {out_dir}/gateway-{calls}.log", flush=True)
     print()
     print(format_table(HEADERS, rows))
+    ran = [s for s in report["steps"] if "error" not in s]
+    for step in ran:
+        print(
+            f"  {step['offered']} offered: {step['held_sip']} of {step['held']} held calls SIP; "
+            f"refused {step['refused']} (SIP 503: {step['refused_sip']}, Twilio <Reject>: "
+            f"{step['refused'] - step['refused_sip']}); bars missed: "
+            f"{', '.join(bar_failures(step)) or 'none'}"
+        )
+    if args.overload:
+        step = ran[-1] if ran else {}
+        print(
+            f"overload: cap {args.overload}, offered {step.get('offered', '-')}, refused "
+            f"{step.get('refused', '-')}, held {step.get('held', '-')}; the live calls "
+            + ("kept every bar" if ran and not bar_failures(step) else "missed a bar")
+        )
+    print(final_line(report["steps"]))
     print(
         "* tick lateness comes from the gateway's bucketed /metrics histogram: each figure is the "
         "upper bound of its bucket. gen CPU% is per worker process; noise% is what other "
@@ -506,73 +564,20 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _calls(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text}"
-        ) from None
-    if not values or any(v < 1 or v > 5000 for v in values):
-        raise argparse.ArgumentTypeError("each step needs 1 to 5000 calls")
-    return values
-
-
-def _cpus(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of CPUs: {text}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    two = (os.cpu_count() or 1) >= 2
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.load",
-        description="AppBridge load benchmark (bench/README.md).",
-    )
-    parser.add_argument(
-        "--calls", type=_calls, default=None, help="steps (50,200,400; with --soak: 120)"
-    )
-    parser.add_argument(
-        "--soak",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="soak instead of a ramp: one step of --calls calls (one number), replaced as they "
-        "end, kept up SECONDS while the gateway's RSS, fds, threads and tasks are sampled",
-    )
-    parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
-    parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
-    parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")
-    parser.add_argument("--settle", type=float, default=2.0, help="seconds before measuring")
-    parser.add_argument("--up-timeout", type=float, default=60.0, help="bound on ramp/hang-up")
-    parser.add_argument(
-        "--gateway-cpu", type=int, default=1 if two else None, help="the gateway's core (1)"
-    )
-    parser.add_argument(
-        "--load-cpus",
-        type=_cpus,
-        default=[0] if two else None,
-        help="cores for the workers, assigned round-robin (0)",
-    )
-    parser.add_argument(
-        "--gateway-loop",
-        choices=("uvloop", "asyncio"),
-        default="uvloop",
-        help="the gateway's event loop: uvloop as `appbridge serve` ships, or the stdlib loop",
-    )
-    parser.add_argument("--gateway-log-level", default="WARNING")
-    parser.add_argument("--out", default=str(REPO / "bench" / "out"))
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.calls is None:
         args.calls = [DEFAULT_SOAK_CALLS] if args.soak is not None else [50, 200, 400]
     if args.soak is not None and (len(args.calls) != 1 or not 0 < args.soak <= 86400):
         print("bench: --soak takes one --calls value and 0 < SECONDS <= 86400", file=sys.stderr)
+        return 2
+    if args.overload is not None:
+        if not 1 <= args.overload <= 3000 or args.soak is not None:
+            print("bench: --overload takes a cap of 1-3000 calls, not with --soak", file=sys.stderr)
+            return 2
+        args.calls = [round(1.5 * args.overload)]
+    if not 0.0 <= args.sip_share <= 1.0:
+        print("bench: --sip-share must be within 0-1", file=sys.stderr)
         return 2
     if not 0 < args.hold <= 3600 or args.ramp_rate <= 0 or not 1 <= args.workers <= 64:
         print(

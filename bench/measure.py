@@ -97,6 +97,46 @@ def inbound_latencies_ms(
     return out
 
 
+#: A 16-bit sample louder than this is the caller's tone (amplitude 6000), not silence.
+LOUD_SAMPLE = 1000
+
+
+def is_loud(pcm16: bytes | memoryview) -> bool:
+    """Whether a little-endian PCM16 frame holds a sample louder than :data:`LOUD_SAMPLE`."""
+    samples = memoryview(pcm16).cast("h") if len(pcm16) % 2 == 0 else memoryview(b"").cast("h")
+    return any(abs(v) > LOUD_SAMPLE for v in samples)
+
+
+def onset_latencies_ms(
+    onsets: Sequence[float],
+    received: Sequence[tuple[float, bytes]],
+    *,
+    window: tuple[float, float] | None = None,
+    max_wait_s: float = 1.0,
+) -> list[float]:
+    """Latency (ms) from each talkspurt onset at the caller to the first loud frame at the app.
+
+    For SIP calls, where frames cannot be paired one by one: the gateway's jitter buffer adds
+    concealment frames and drops late ones, so counts differ. ``onsets`` are the send times of
+    each tone's first packet; ``received`` is (arrival, PCM16 payload) per inbound frame at the
+    app, sorted. An onset with no loud frame within ``max_wait_s`` is skipped.
+    """
+    out: list[float] = []
+    k = 0
+    for onset in onsets:
+        if window is not None and not (window[0] <= onset < window[1]):
+            continue
+        while k < len(received) and received[k][0] < onset:
+            k += 1
+        j = k
+        while j < len(received) and received[j][0] <= onset + max_wait_s:
+            if is_loud(received[j][1]):
+                out.append((received[j][0] - onset) * 1000.0)
+                break
+            j += 1
+    return out
+
+
 def audio_frames_between(media: Sequence[tuple[float, int]], start: float, end: float) -> int:
     """20 ms frames of gateway audio that reached the caller in [start, end).
 

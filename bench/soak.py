@@ -75,7 +75,6 @@ HORIZON_S = 600.0
 MEMORY_TOLERANCE_FRAC = 0.01
 COUNT_TOLERANCE_FRAC = 0.05
 COUNT_MIN_SLACK = 2.0
-LIFETIME_S = (60.0, 120.0)
 #: Which sampled series are memory (relative rule) and which are counts (range rule).
 METRICS = {
     "rss_mb": "memory",
@@ -236,7 +235,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     }
     print(
         f"soak: commit {report['commit']}; {calls} calls for {args.soak:g} s, each living "
-        f"{LIFETIME_S[0]:g}-{LIFETIME_S[1]:g} s; gateway ({args.gateway_loop}) on CPU "
+        f"{args.lifetime[0]:g}-{args.lifetime[1]:g} s; gateway ({args.gateway_loop}) on CPU "
         f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}",
         flush=True,
     )
@@ -294,7 +293,9 @@ async def _soak(
                     calls=n,
                     to=worker_number(w.index),
                     rate=args.ramp_rate * n / calls,
-                    lifetime_s=list(LIFETIME_S),
+                    lifetime_s=list(args.lifetime),
+                    sip=None if spec.sip_port is None else ["127.0.0.1", spec.sip_port],
+                    sip_share=args.sip_share,
                     up_timeout=args.up_timeout,
                 )
                 for w, n in zip(workers, shares, strict=True)

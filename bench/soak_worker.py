@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
+import resource
 import time
 from array import array
 from typing import Any
@@ -34,7 +36,16 @@ from appbridge.testing import FakeTwilio
 from bench.analysis import CallerFigures, analyse_calls
 from bench.report import summarize
 from bench.talker import AppScript
-from bench.worker import Placed, Worker, run_worker, self_cpu_s, serve_commands, worker_from_env
+from bench.worker import (
+    Placed,
+    Worker,
+    is_sip_slot,
+    run_worker,
+    self_cpu_s,
+    serve_commands,
+    start_stall_watch,
+    worker_from_env,
+)
 
 #: A call's first seconds (dial, pacer lead, first burst phase) are not measured.
 SETTLE_S = 2.0
@@ -42,6 +53,8 @@ SETTLE_S = 2.0
 CALL_UP_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
 SAMPLE_FIELDS = ("jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+#: How often the worker moves what is alive into the collector's permanent generation.
+FREEZE_PERIOD_S = 1.0
 
 
 class SoakWorker(Worker):
@@ -62,6 +75,7 @@ class SoakWorker(Worker):
         self.caller_hangups = 0
         self.errors: dict[str, int] = {}
         self.first_up: list[asyncio.Future[None]] = []
+        self.freezer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ commands
     async def soak_start(
@@ -72,7 +86,10 @@ class SoakWorker(Worker):
         rate: float,
         lifetime_s: tuple[float, float],
         up_timeout: float,
+        sip: list[Any] | None = None,
+        sip_share: float = 0.0,
     ) -> dict[str, Any]:
+        await self.open_sip(sip, sip_share)
         self.twilio = FakeTwilio(
             base_url,
             account_sid=self.account_sid,
@@ -81,6 +98,7 @@ class SoakWorker(Worker):
             webhook_timeout_s=30.0,
         )
         self.churning = True
+        self.freezer = asyncio.create_task(self._freeze_while_churning())
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         for k in range(calls):
@@ -102,10 +120,13 @@ class SoakWorker(Worker):
             "completed": self.completed,
             "failed": self.failed,
             "dropped": self.dropped,
+            "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
 
     async def soak_finish(self, timeout_s: float) -> dict[str, Any]:
         self.churning = False
+        if self.freezer is not None:
+            self.freezer.cancel()
         if self.slots:
             _, pending = await asyncio.wait(self.slots, timeout=timeout_s)
             for task in pending:
@@ -126,6 +147,22 @@ class SoakWorker(Worker):
             "errors": dict(sorted(self.errors.items())[:20]),
             "rest_requests": len(self.rest.requests) if self.rest is not None else 0,
         }
+
+    async def _freeze_while_churning(self) -> None:
+        """Keep the collector's full passes short (the churn stall, docs/PERFORMANCE.md).
+
+        Every call keeps all its messages until it ends (for :func:`analyse_calls`), so the
+        oldest generation grows to millions of tracked objects, and each automatic full pass
+        walked all of them: 50 ms after 10 s of churn, 470 ms after 60 s, seconds in a
+        10-minute soak, every 3-6 s, on the loop that paces the callers' frames. Those passes
+        found next to nothing (0-180 objects). ``gc.freeze()`` every second moves what is alive
+        into the permanent generation, which no pass walks; what is dropped later is still
+        freed by reference counting, and the rare cycles among frozen objects stay until the
+        worker exits (the worker's own RSS is reported by ``window_end``).
+        """
+        while self.churning:
+            gc.freeze()
+            await asyncio.sleep(FREEZE_PERIOD_S)
 
     # ------------------------------------------------------------------ one slot
     def _up(self) -> int:
@@ -153,7 +190,7 @@ class SoakWorker(Worker):
             serial += 1
             self.placed_total += 1
             slot = Placed()
-            await self._place(slot, to)
+            await self._place(slot, to, is_sip_slot(k, self.sip_share))
             call = slot.call
             if call is None or not call.has_stream or slot.error:
                 self._fail(slot.error or "no stream")
@@ -224,6 +261,7 @@ class SoakWorker(Worker):
 
 async def _serve(index: int) -> None:
     worker = worker_from_env(SoakWorker, index)
+    watch = start_stall_watch()
 
     async def dispatch(cmd: str, request: dict[str, Any]) -> dict[str, Any]:
         if cmd == "soak_start":
@@ -235,6 +273,8 @@ async def _serve(index: int) -> None:
                 float(request["rate"]),
                 (float(low), float(high)),
                 float(request["up_timeout"]),
+                request.get("sip"),
+                float(request.get("sip_share", 0.0)),
             )
         if cmd == "sample":
             return worker.sample()
@@ -250,6 +290,8 @@ async def _serve(index: int) -> None:
             task.cancel()
         await asyncio.gather(*worker.slots, return_exceptions=True)
         await worker.stop()
+        if watch is not None:
+            watch.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

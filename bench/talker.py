@@ -23,6 +23,7 @@ from typing import Any
 from appbridge.testing import audio as au
 from appbridge.testing.fake_app import FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
+from bench.sip_caller import SIP_CALLER_PREFIX, SipCaller
 
 __all__ = ["AppScript", "Burst", "TalkingApp", "burst_kind", "caller_tone_ulaw", "drive_caller"]
 
@@ -101,7 +102,11 @@ class TalkingApp:
         """The FakeApp ``handler``: wait for ``session.start``, then play bursts until closed."""
         start = await session.wait_for("session.start", timeout=30.0)
         now = time.monotonic()
-        script = AppScript(str(start.get("callRef")), session, now)
+        # A SIP call is found by its unique caller number, a Twilio call by its CallSid
+        # (the callRef of session.start), bench/sip_caller.py.
+        from_ = str(start.get("from"))
+        key = from_ if from_.startswith(SIP_CALLER_PREFIX) else str(start.get("callRef"))
+        script = AppScript(key, session, now)
         self.scripts[script.call_ref] = script
         next_at = now + self.rng.uniform(0.0, self.period_s)
         index = 0
@@ -148,14 +153,18 @@ def caller_tone_ulaw(ms: float) -> bytes:
     return au.ulaw_encode(au.tone_pcm16(CALLER_TONE_HZ, ms, 8000, amplitude=6000))
 
 
-async def drive_caller(call: FakeTwilioCall, tone_ulaw: bytes, period_s: float) -> None:
+async def drive_caller(call: FakeTwilioCall | SipCaller, tone_ulaw: bytes, period_s: float) -> None:
     """Queue ``tone_ulaw`` every ``period_s``; continuous media fills the rest with silence.
 
-    With a 1 s tone every 2 s the caller talks half of the time, as the issue asks.
+    With a 1 s tone every 2 s the caller talks half of the time, as the issue asks. A SIP
+    caller's packets are sent by its worker's RTP ticker; this only hands it the tone.
     """
     while not call.closed:
-        try:
-            await call.send_audio_ulaw(tone_ulaw)
-        except ConnectionError:
-            return
+        if isinstance(call, SipCaller):
+            call.talk(tone_ulaw)
+        else:
+            try:
+                await call.send_audio_ulaw(tone_ulaw)
+            except ConnectionError:
+                return
         await asyncio.sleep(period_s)

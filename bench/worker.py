@@ -25,6 +25,8 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
+import math
 import os
 import resource
 import sys
@@ -34,13 +36,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioCall, FakeTwilioRest
-from bench.analysis import analyse_calls
+import httpx
+
+import appbridge.testing.fake_twilio as fake_twilio_module
+from appbridge.net.loop_watch import ENV_VAR, LoopStallWatch, threshold_from_env
+from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioRest
+from bench.analysis import Caller, CallerFigures, analyse_calls
+from bench.sip_caller import SipCaller, SipCallError, SipEndpoint, sip_caller_number
 from bench.talker import AppScript, TalkingApp, caller_tone_ulaw, drive_caller
 
 CALLER_TONE_MS = 1000
 CALLER_PERIOD_S = 2.0
 CALLER_FROM = "+15550001111"
+WORKER_STALL_ENV = "BENCH_STALL_TRACE_MS"
 
 
 def self_cpu_s() -> float:
@@ -49,9 +57,57 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class _BorrowedClient:
+    """``async with`` over a client that outlives the block (it is closed by its owner)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class SharedClientHttpx:
+    """The ``httpx`` module as :mod:`appbridge.testing.fake_twilio` sees it in a worker.
+
+    ``FakeTwilio.place_call`` opens a new ``httpx.AsyncClient`` for every webhook, and building
+    one builds a TLS context (system CA store loaded, about 20-120 ms of CPU on the reference
+    machine): one loop stall per call set-up on the generator's loop, which delays every
+    caller's frames and shows up as the gateway's latency (the churn stall,
+    docs/PERFORMANCE.md). The worker swaps in this stand-in, whose ``AsyncClient(...)`` lends
+    one plain client kept for the worker's life; everything else is the real module. (The
+    durable fix is one client per ``FakeTwilio`` in appbridge/testing, reported to its owner.)
+    """
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.shared = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(httpx, name)
+
+    def AsyncClient(self, *args: Any, **kwargs: Any) -> _BorrowedClient:
+        return _BorrowedClient(self.shared)
+
+
+def is_sip_slot(k: int, sip_share: float) -> bool:
+    """Whether call ``k`` of a worker is a SIP one: spread evenly, ``sip_share`` of them."""
+    return math.floor((k + 1) * sip_share) > math.floor(k * sip_share)
+
+
+def is_refusal(error: str | None) -> bool:
+    """A clean refusal by admission control (issue 7): SIP 503 with Retry-After (a 503 without
+    it, e.g. no RTP port left, is a failure), Twilio ``<Reject>``."""
+    if error is None:
+        return False
+    return (error.startswith("503") and "Retry-After" in error) or "Reject" in error
+
+
 @dataclass
 class Placed:
-    call: FakeTwilioCall | None = None
+    call: Caller | None = None
     error: str | None = None
     driver: asyncio.Task[None] | None = None
 
@@ -70,9 +126,16 @@ class Worker:
         self.twilio: FakeTwilio | None = None
         self.placed: list[Placed] = []
         self.tone = caller_tone_ulaw(CALLER_TONE_MS)
+        self.webhook_client: httpx.AsyncClient | None = None
+        self.sip: SipEndpoint | None = None  # when the gateway listens for SIP
+        self.sip_share = 0.0
+        self.sip_serial = 0
 
     # ------------------------------------------------------------------ commands
     async def start(self) -> dict[str, Any]:
+        # One webhook client for every call (see SharedClientHttpx); plain HTTP on loopback.
+        self.webhook_client = httpx.AsyncClient(trust_env=False, timeout=30.0, verify=False)
+        setattr(fake_twilio_module, "httpx", SharedClientHttpx(self.webhook_client))  # noqa: B010
         await self.app.start()
         if self.rest is not None:
             await self.rest.start()
@@ -83,9 +146,25 @@ class Worker:
             "affinity": sorted(os.sched_getaffinity(0)),
         }
 
+    async def open_sip(self, sip: list[Any] | None, sip_share: float) -> None:
+        """Drive ``sip_share`` of the calls over SIP/RTP to ``sip`` = [host, port]."""
+        if sip is None or sip_share <= 0:
+            return
+        self.sip = SipEndpoint((str(sip[0]), int(sip[1])))
+        await self.sip.start()
+        self.sip_share = sip_share
+
     async def ramp(
-        self, base_url: str, calls: int, to: str, rate: float, up_timeout: float
+        self,
+        base_url: str,
+        calls: int,
+        to: str,
+        rate: float,
+        up_timeout: float,
+        sip: list[Any] | None = None,
+        sip_share: float = 0.0,
     ) -> dict[str, Any]:
+        await self.open_sip(sip, sip_share)
         self.twilio = FakeTwilio(
             base_url,
             account_sid=self.account_sid,
@@ -98,7 +177,7 @@ class Worker:
         for i in range(calls):
             slot = Placed()
             self.placed.append(slot)
-            tasks.append(asyncio.create_task(self._place(slot, to)))
+            tasks.append(asyncio.create_task(self._place(slot, to, is_sip_slot(i, self.sip_share))))
             delay_s = started + (i + 1) / rate - time.monotonic()
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
@@ -108,10 +187,16 @@ class Worker:
         deadline = time.monotonic() + up_timeout
         while time.monotonic() < deadline and self._sessions_missing():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
-        errors = sorted({p.error for p in self.placed if p.error})
+        errors = sorted({p.error for p in self.placed if p.error and not is_refusal(p.error)})
+        up = self._pairs()
         return {
             "placed_ok": sum(1 for p in self.placed if p.call is not None and p.call.has_stream),
-            "up": len(self._pairs()),
+            "up": len(up),
+            "up_sip": sum(1 for call, _ in up if isinstance(call, SipCaller)),
+            "refused": sum(1 for p in self.placed if is_refusal(p.error)),
+            "refused_sip": sum(
+                1 for p in self.placed if is_refusal(p.error) and str(p.error).startswith("503")
+            ),
             "errors": errors[:10],
             "ramp_s": round(time.monotonic() - started, 3),
         }
@@ -127,20 +212,28 @@ class Worker:
     def window_end(self) -> dict[str, Any]:
         answer = {"t": time.monotonic(), "cpu_s": self_cpu_s()}
         gc.enable()
-        held = sum(
-            1 for call, script in self._pairs() if not (call.closed or script.session.closed)
-        )
-        answer["held"] = held
+        live = [
+            call for call, script in self._pairs() if not (call.closed or script.session.closed)
+        ]
+        answer["held"] = len(live)
+        answer["held_sip"] = sum(1 for call in live if isinstance(call, SipCaller))
         answer["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         return answer
 
     async def finish(self, window: list[float], hangup_timeout: float) -> dict[str, Any]:
         pairs = self._pairs()
         await self._hang_up(hangup_timeout)
-        figures = analyse_calls(pairs, (window[0], window[1]))
+        span = (window[0], window[1])
+        sip_pairs = [(call, script) for call, script in pairs if isinstance(call, SipCaller)]
+        twilio_pairs = [(call, script) for call, script in pairs if not isinstance(call, SipCaller)]
+        sip, twilio = analyse_calls(sip_pairs, span), analyse_calls(twilio_pairs, span)
+        figures = CallerFigures()
+        figures.merge(sip)
+        figures.merge(twilio)
         gc.unfreeze()
         return {
             "figures": figures.to_wire(),
+            "by_carrier": {"sip": sip.to_wire(), "twilio": twilio.to_wire()},
             "rest_requests": len(self.rest.requests) if self.rest is not None else 0,
         }
 
@@ -158,9 +251,17 @@ class Worker:
                 await asyncio.wait_for(self.rest.stop(), 10.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.app.stop(), 10.0)
+        if self.webhook_client is not None:
+            with contextlib.suppress(Exception):
+                await self.webhook_client.aclose()
+        if self.sip is not None:
+            await self.sip.stop()
 
     # ------------------------------------------------------------------ internals
-    async def _place(self, slot: Placed, to: str) -> None:
+    async def _place(self, slot: Placed, to: str, sip: bool = False) -> None:
+        if sip:
+            await self._place_sip(slot, to)
+            return
         assert self.twilio is not None
         try:
             call = await self.twilio.place_call(CALLER_FROM, to, continuous_media=True)
@@ -173,6 +274,18 @@ class Worker:
             return
         slot.driver = asyncio.create_task(drive_caller(call, self.tone, CALLER_PERIOD_S))
 
+    async def _place_sip(self, slot: Placed, to: str) -> None:
+        assert self.sip is not None
+        self.sip_serial += 1
+        call = SipCaller(self.sip, sip_caller_number(self.index, self.sip_serial), to)
+        try:
+            await call.place(timeout_s=30.0)
+        except SipCallError as exc:
+            slot.error = str(exc)
+            return
+        slot.call = call
+        slot.driver = asyncio.create_task(drive_caller(call, self.tone, CALLER_PERIOD_S))
+
     def _sessions_missing(self) -> int:
         scripts = self.talker.scripts
         return sum(
@@ -181,7 +294,7 @@ class Worker:
             if p.call is not None and p.call.has_stream and p.call.call_sid not in scripts
         )
 
-    def _pairs(self) -> list[tuple[FakeTwilioCall, AppScript]]:
+    def _pairs(self) -> list[tuple[Caller, AppScript]]:
         pairs = []
         for slot in self.placed:
             call = slot.call
@@ -213,6 +326,18 @@ def _reply(message: dict[str, Any]) -> None:
 
 
 W = TypeVar("W", bound="Worker")
+
+
+def start_stall_watch() -> LoopStallWatch | None:
+    """``BENCH_STALL_TRACE_MS``: trace the worker's own loop stalls (and its collector's passes)
+    to its log, as ``APPBRIDGE_STALL_TRACE_MS`` does for the gateway (bench/README.md)."""
+    threshold_s = threshold_from_env({ENV_VAR: os.environ.get(WORKER_STALL_ENV, "")})
+    if threshold_s is None:
+        return None
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(message)s")
+    watch = LoopStallWatch(threshold_s)
+    watch.start(asyncio.get_running_loop())
+    return watch
 
 
 def worker_from_env(cls: type[W], index: int) -> W:
@@ -278,6 +403,8 @@ async def _serve(index: int) -> None:
                 request["to"],
                 float(request["rate"]),
                 float(request["up_timeout"]),
+                request.get("sip"),
+                float(request.get("sip_share", 0.0)),
             )
         if cmd == "window_start":
             return worker.window_start()

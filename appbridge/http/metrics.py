@@ -81,4 +81,25 @@ def render_metrics(gw: Gateway) -> str:
         "Media clock resyncs.",
         [("", clock.resyncs)],
     )
+    pacer = getattr(gw, "gc_pacer", None)
+    if pacer is not None:
+        passes = pacer.pacer
+        metric(
+            "appbridge_gc_full_passes_total",
+            "counter",
+            "Full garbage collections run between media ticks (media/gc_pacer.py).",
+            [("", passes.passes)],
+        )
+        metric(
+            "appbridge_gc_full_pass_seconds_total",
+            "counter",
+            "Time spent in those passes, with the loop stopped.",
+            [("", round(passes.total_s, 6))],
+        )
+        metric(
+            "appbridge_gc_full_pass_max_seconds",
+            "gauge",
+            "The longest of those passes.",
+            [("", round(passes.max_s, 6))],
+        )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""appbridge/media/gc_pacer.py: full collections in small batches off the media clock (issue 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from appbridge.clock import VirtualClock
+from appbridge.media.gc_pacer import (
+    DEFAULT_PERIOD_S,
+    ENV_VAR,
+    FULL_PASS_OFF,
+    GcPacer,
+    GcPacerShell,
+    period_from_env,
+)
+
+
+def test_period_from_the_environment() -> None:
+    assert period_from_env({}) == DEFAULT_PERIOD_S
+    assert period_from_env({ENV_VAR: "0.5"}) == 0.5
+    assert period_from_env({ENV_VAR: "0"}) is None  # CPython's own schedule
+    assert period_from_env({ENV_VAR: "soon"}) == DEFAULT_PERIOD_S
+
+
+def test_passes_are_due_a_period_apart_and_never_bunch_up() -> None:
+    pacer = GcPacer(period_s=2.0)
+    assert not pacer.due(100.0)  # starts the schedule
+    assert not pacer.due(101.99)
+    assert pacer.due(102.0)
+    pacer.ran(105.0, 0.004, 12)  # a late pass: the next one is a period after it
+    assert not pacer.due(106.9)
+    assert pacer.due(107.0)
+    pacer.ran(107.0, 0.002, 3)
+    assert (pacer.passes, pacer.collected) == (2, 15)
+    assert pacer.total_s == pytest.approx(0.006) and pacer.max_s == pytest.approx(0.004)
+
+
+async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> None:
+    before = gc.get_threshold()
+    clock = VirtualClock()
+    shell = GcPacerShell(GcPacer(period_s=2.0), clock=clock.now)
+    shell.start(asyncio.get_running_loop())
+    try:
+        assert gc.get_threshold() == (before[0], before[1], FULL_PASS_OFF)
+        shell.on_tick(1)  # schedule starts
+        await asyncio.sleep(0)
+        assert shell.pacer.passes == 0
+
+        class Node:
+            pass
+
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # type: ignore[attr-defined]
+        del a, b
+        clock.advance(2.0)
+        shell.on_tick(2)
+        shell.on_tick(3)  # already pending: one pass only
+        await asyncio.sleep(0)
+        assert shell.pacer.passes == 1
+        assert shell.pacer.collected >= 2
+        shell.on_tick(4)
+        await asyncio.sleep(0)
+        assert shell.pacer.passes == 1  # not due again before the period
+    finally:
+        shell.stop()
+    assert gc.get_threshold() == before
