@@ -49,7 +49,7 @@ def test_format_sizes_follow_rfc3551_4_5_2() -> None:
 
 def test_the_sip_leg_prefers_and_carries_g722() -> None:
     assert LEG_CODECS[0] == "G722" and set(LEG_CODECS) == {"G722", "PCMU", "PCMA"}
-    assert audio_format_for("G722") == G722_16K
+    assert audio_format_for("G722") == PCM16_16K  # the leg codes G.722 itself (one state)
     assert audio_format_for("PCMU") == PCMU_8K
     with pytest.raises(ValueError):
         audio_format_for("opus")

@@ -34,6 +34,7 @@ from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, Sip
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
 from appbridge.carriers.sip.numbers import called_number, caller_number
 from appbridge.carriers.sip.outbound import SipOutbound
+from appbridge.carriers.sip.party import SipCallSignalling, trunk_for_source
 from appbridge.carriers.sip.sdp import (
     NegotiatedAudio,
     OfferAnswerError,
@@ -43,6 +44,7 @@ from appbridge.carriers.sip.sdp import (
 )
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
 from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
+from appbridge.carriers.sip.uac import ALLOW
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
 DIGITS = set("0123456789*#ABCD")
 
 
@@ -149,9 +150,13 @@ class SipInbound:
             for c in self.calls.values()
             if c.retransmitter is not None and (d := c.retransmitter.next_deadline()) is not None
         ]
+        if self.outbound is not None and (d := self.outbound.next_deadline()) is not None:
+            deadlines.append(d)  # dials' no-answer deadlines, REFERs' NOTIFY waits
         return min(deadlines, default=None)
 
     def on_timer(self, now: float) -> None:
+        if self.outbound is not None:
+            self.outbound.on_timer(now)
         for sc in list(self.calls.values()):
             rt = sc.retransmitter
             if rt is None or (d := rt.next_deadline()) is None or d > now:
@@ -295,9 +300,27 @@ class SipInbound:
         sc.dialog = Dialog.from_uas(
             sc.invite, sc.to_tag, sc.contact, transport="TCP" if sc.peer[0] == "tcp" else "UDP"
         )
+        leg.signalling = self._signalling(sc)
         call.attach_carrier(leg)
         self._send_answer(sc, sc.invite, answer.serialize())
         sc.answered = True
+
+    def _signalling(self, sc: SipCall) -> SipCallSignalling | None:
+        """Transfers of this call (``party.py``): the trunk it came from, its dialog."""
+        uac = self.outbound
+        if uac is None:
+            return None
+        via = sc.invite.top_via
+        return SipCallSignalling(
+            uac=uac,
+            trunks=self.cfg.trunks,
+            trunk=trunk_for_source(self.cfg.trunks, via.received or via.host),
+            label=f"call {sc.call.call_ref}",
+            dialog=lambda: sc.dialog if not sc.finished else None,
+            send=lambda request: self.transport.send_request(request, sc.peer),
+            end_call=lambda: self._send_bye(sc),
+            referred_by=f"<{sc.contact.uri}>",
+        )
 
     def _contact_hdr(self, sc: SipCall) -> list[tuple[str, str]]:
         return [("Contact", str(sc.contact)), ("Allow", ALLOW)]
@@ -365,9 +388,12 @@ class SipInbound:
         self._respond(bye, peer, 200)
         sc.finished = True
         sc.retransmitter = None
+        if self.outbound is not None:
+            self.outbound.refers.abort(bye.call_id, "the call ended during the REFER")
         if sc.leg is not None:
-            sc.leg.closed = True
-        sc.call.on_carrier_hangup()
+            sc.leg.remote_hangup(sc.call.on_carrier_hangup)  # the Call, or its bridge
+        else:
+            sc.call.on_carrier_hangup()
 
     def _reinvite(self, invite: Request, peer: Peer) -> None:
         sc = self._find(invite)

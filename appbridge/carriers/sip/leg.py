@@ -27,30 +27,39 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from appbridge.carriers.base import CarrierEvents, TransferError
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
+from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
 from appbridge.carriers.sip.jitter import JitterBuffer
 from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
 from appbridge.carriers.sip.sdp import NegotiatedAudio
 from appbridge.clock import Clock
-from appbridge.media.codecs import PCMU_8K, AudioFormat
+from appbridge.media.codecs import G722_16K, PCMU_8K, AudioFormat
 
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 PCMA_8K = AudioFormat("pcma", 8000)
-#: The codecs the leg can carry: the engine's formats have no G.722 yet (media/codecs.py).
-LEG_CODECS: tuple[str, ...] = ("PCMU", "PCMA")
+PCM16_16K = AudioFormat("pcm16", 16_000)
+#: The codecs the leg can carry, in the order we prefer them when we offer (RFC 3264 §5.1; as
+#: answerer sdp.py follows the offer's order): G.722 first, for wideband audio to the app and its
+#: speech recognition. sdp.py drops G.722 when the `G722` wheel is missing (g722.AVAILABLE).
+LEG_CODECS: tuple[str, ...] = ("G722", "PCMU", "PCMA")
 RTP_QUARANTINE_S = 10.0  # a released port is not reused for this long (late packets of a call)
 
 
 def audio_format_for(codec_name: str) -> AudioFormat:
+    """The engine format of a negotiated RTP codec. G.711 travels as it is; G.722 is 16 kHz
+    audio (RFC 3551 §4.5.2, even though its RTP clock says 8000) that the leg itself encodes
+    and decodes, so the engine sees pcm16 16 kHz (see :class:`SipLeg`)."""
     if codec_name == "PCMA":
         return PCMA_8K
     if codec_name == "PCMU":
         return PCMU_8K
+    if codec_name == "G722":
+        return PCM16_16K
     raise ValueError(f"the SIP leg cannot carry {codec_name}")
 
 
@@ -77,10 +86,22 @@ class RtpPortPool:
         self._resting.append((now + self._quarantine_s, port))
 
 
+class LegSignalling(Protocol):
+    """The SIP signalling behind a leg, for transfers (``party.SipCallSignalling``)."""
+
+    async def dial_party(
+        self, target: str, *, caller_id: str, headers: dict[str, str] | None, timeout_s: float
+    ) -> SipLeg: ...
+
+    async def refer(self, target: str, headers: dict[str, str] | None) -> None: ...
+
+
 class SipLeg:
     """One SIP call's media, seen from the call engine (module doc)."""
 
     carrier = "sip"
+    #: The gateway stays in the media path for cold transfers (B2BUA with ``dial_party``).
+    native_cold_transfer = False
 
     def __init__(
         self,
@@ -118,11 +139,24 @@ class SipLeg:
         self.dtmf_in = Rfc4733Receiver()
         self.dtmf_out = Rfc4733Sender(clock_rate_hz=codec.rtp_clock_hz)
         self._silence = self.audio_format.silence(20)
+        # G.722 is adaptive (ADPCM): the far end runs ONE decoder for the whole call, so the
+        # call needs one encoder that sees every frame sent (items, silence, music alike) and
+        # one decoder that sees every packet received. Encoding per queue item would restart
+        # the predictor at each item and garble its start.
+        self._g722_enc: G722Encoder | None = None
+        self._g722_dec: G722Decoder | None = None
+        self._wire_bytes = len(self._silence)
+        if codec.name == "G722":
+            self._g722_enc, self._g722_dec = G722Encoder(), G722Decoder()
+            self._wire_bytes = G722_16K.frame_bytes(20)
         self.events: CarrierEvents | None = None
         self._pending: bytes | None = None
         self._tick_open = False
         self.closed = False
         self._hung_up = False
+        self.remote_hung_up = False  # the remote party's BYE came (maybe before attach)
+        #: Set by the call flow that owns the dialog; None: no transfers on this leg.
+        self.signalling: LegSignalling | None = None
         self.frames_sent = 0  # audio packets (app audio or silence)
         self.silence_sent = 0
         self.events_sent = 0  # RFC 4733 packets
@@ -146,6 +180,22 @@ class SipLeg:
     # -- CarrierLeg ------------------------------------------------------------------------------
     def attach(self, events: CarrierEvents) -> None:
         self.events = events
+        if self.remote_hung_up:
+            events.on_carrier_hangup()  # the party left before the engine took the leg
+
+    def remote_hangup(self, fallback: Callable[[], None] | None = None) -> None:
+        """The remote party's BYE: told to whoever is attached now (the Call, or the bridge
+        after a transfer, ``calls/bridge.py``), else to ``fallback`` (the Call before it
+        attached the leg), else on :meth:`attach`. Nothing is left to BYE."""
+        if self.remote_hung_up:
+            return
+        self.remote_hung_up = True
+        self.closed = True
+        self._hung_up = True
+        if self.events is not None:
+            self.events.on_carrier_hangup()
+        elif fallback is not None:
+            fallback()
 
     def frames_wanted(self, playing: bool) -> int:
         """Always one: RTP goes out on every tick (silence when nothing plays). Opens the tick
@@ -175,7 +225,27 @@ class SipLeg:
     async def transfer(
         self, target: str, mode: str, headers: dict[str, str] | None, music: str | None
     ) -> None:
-        raise TransferError("feature_not_supported", "transfers of SIP calls are not available yet")
+        """No native cold transfer on SIP (:attr:`native_cold_transfer`): the engine uses
+        :meth:`dial_party` and bridges, or :meth:`refer`."""
+        raise TransferError("feature_not_supported", "SIP calls transfer by dial_party or refer")
+
+    async def dial_party(
+        self, target: str, *, caller_id: str, headers: dict[str, str] | None, timeout_s: float
+    ) -> SipLeg:
+        """The new party's answered leg, placed on this call's trunk (``party.py``); raises
+        ``TransferError("transfer_failed")`` on busy, no answer within ``timeout_s``, failure."""
+        if self.signalling is None:
+            raise TransferError("transfer_failed", "this SIP leg cannot place calls")
+        return await self.signalling.dial_party(
+            target, caller_id=caller_id, headers=headers, timeout_s=timeout_s
+        )
+
+    async def refer(self, target: str, headers: dict[str, str] | None) -> None:
+        """RFC 3515 REFER of the remote party to ``target``; returns after the NOTIFY reported
+        success and our BYE went out (``refer.py``, INTERFACES §6)."""
+        if self.signalling is None:
+            raise TransferError("transfer_failed", "this SIP leg cannot REFER")
+        await self.signalling.refer(target, headers)
 
     async def hangup(self) -> None:
         """BYE (through the call flow's callback), then let the media go. Safe to call twice."""
@@ -217,6 +287,8 @@ class SipLeg:
             frame = self._silence
             self.silence_sent += 1
         self.frames_sent += 1
+        if self._g722_enc is not None:
+            frame = self._g722_enc.encode(frame)
         self._send(self.rtp.audio(frame))
 
     def _play_in(self, now: float) -> None:
@@ -227,8 +299,10 @@ class SipLeg:
                 return
             if events is not None:
                 payload = out.payload
-                if not payload or len(payload) != len(self._silence):
+                if not payload or len(payload) != self._wire_bytes:
                     payload = self._silence
+                elif self._g722_dec is not None:
+                    payload = self._g722_dec.decode(payload)
                 self.frames_delivered += 1
                 events.on_carrier_audio(payload)
 
@@ -290,11 +364,12 @@ class RtpProtocol(asyncio.DatagramProtocol):
 
 
 async def open_rtp(
-    host: str, pool: RtpPortPool, clock: Clock, attempts: int = 20
+    host: str, pool: RtpPortPool, clock: Clock, attempts: int | None = None
 ) -> tuple[int, RtpProtocol] | None:
-    """Bind a UDP port from ``pool`` on ``host``; a port in use elsewhere is skipped."""
+    """Bind a UDP port from ``pool`` on ``host``. A port in use elsewhere is skipped (and
+    rests in quarantine); every port of the pool may be tried once (``attempts`` bounds it)."""
     loop = asyncio.get_running_loop()
-    for _ in range(attempts):
+    for _ in range(len(pool) if attempts is None else attempts):
         port = pool.acquire(clock.now())
         if port is None:
             return None
@@ -307,6 +382,9 @@ async def open_rtp(
         except OSError:
             pool.release(port, clock.now())
             continue
+        except asyncio.CancelledError:
+            pool.release(port, clock.now())  # the caller gave up (a cancelled transfer)
+            raise
         proto.transport = transport
         return port, proto
     return None

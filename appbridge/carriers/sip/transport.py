@@ -13,6 +13,9 @@ It does what the package docstring (``carriers/sip/__init__.py``) lists, and not
 3. Keeps ONE timer at the earliest of the layer's and the user's deadlines.
 4. Sends responses over UDP to ``response_address(top Via)`` and over TCP on the request's
    connection: a *peer* is ``("udp", host, port)`` or ``("tcp", connection id)``.
+5. Opens outbound TCP connections to trunks on demand (:meth:`SipTransport.connect_tcp`), one
+   per trunk address, reused while open; their responses and requests come back on the same
+   connection (RFC 3261 §18.1.1, §18.2.2). A connection that closes fails its transactions.
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ class SipTransport:
         self._servers: list[asyncio.Server] = []
         self._conns: dict[int, _TcpConn] = {}
         self._conn_ids = itertools.count(1)
+        self._outbound: dict[tuple[str, int], int] = {}  # trunk address → connection id
+        self._connecting: dict[tuple[str, int], asyncio.Lock] = {}
+        self._readers: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.udp_addresses: list[tuple[str, int]] = []
@@ -140,6 +146,9 @@ class SipTransport:
                 udp.transport.close()
         for conn in list(self._conns.values()):
             conn.writer.close()
+        for task in list(self._readers):
+            task.cancel()
+        self._outbound.clear()
         for server in self._servers:
             server.close()
             await server.wait_closed()
@@ -174,6 +183,53 @@ class SipTransport:
     async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _TcpConn(next(self._conn_ids), writer)
         self._conns[conn.conn_id] = conn
+        await self._read_loop(reader, conn)
+
+    async def connect_tcp(self, host: str, port: int, timeout_s: float = 5.0) -> Peer:
+        """An outbound TCP connection to ``host:port`` (RFC 3261 §18.1.1), opened on demand and
+        reused for every later request to that address while it stays open. Responses come
+        back on it and are framed by Content-Length as on inbound connections. Raises
+        ``OSError`` (or ``TimeoutError``) when the connection cannot be made."""
+        key = (host, port)
+        conn_id = self._outbound.get(key)
+        if conn_id is not None:
+            conn = self._conns.get(conn_id)
+            if conn is not None and not conn.writer.is_closing():
+                return ("tcp", conn_id)
+        lock = self._connecting.setdefault(key, asyncio.Lock())
+        async with lock:
+            conn_id = self._outbound.get(key)
+            if conn_id is not None and conn_id in self._conns:
+                return ("tcp", conn_id)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            conn = _TcpConn(next(self._conn_ids), writer)
+            self._conns[conn.conn_id] = conn
+            self._outbound[key] = conn.conn_id
+            task = asyncio.get_running_loop().create_task(self._read_loop(reader, conn, key))
+            self._readers.add(task)
+            task.add_done_callback(self._readers.discard)
+            log.info("sip: tcp connection %s to %s:%s", conn.conn_id, host, port)
+            return ("tcp", conn.conn_id)
+
+    def tcp_sent_by_port(self, peer: Peer) -> int:
+        """The port for the Via sent-by of a request on TCP connection ``peer``: our TCP
+        listener when there is one (RFC 3261 §18.1.1), else the connection's own local port."""
+        if self.tcp_addresses:
+            return self.tcp_addresses[0][1]
+        conn = self._conns.get(peer[1])
+        if conn is not None:
+            sock = conn.writer.get_extra_info("sockname")
+            if sock:
+                return int(sock[1])
+        return self.local_port("udp")
+
+    async def _read_loop(
+        self,
+        reader: asyncio.StreamReader,
+        conn: _TcpConn,
+        outbound_key: tuple[str, int] | None = None,
+    ) -> None:
+        writer = conn.writer
         peername = writer.get_extra_info("peername")
         source = (str(peername[0]), int(peername[1]))
         try:
@@ -203,6 +259,8 @@ class SipTransport:
             pass
         finally:
             self._conns.pop(conn.conn_id, None)
+            if outbound_key is not None and self._outbound.get(outbound_key) == conn.conn_id:
+                del self._outbound[outbound_key]
             writer.close()
             self._effects(self.layer.transport_error(("tcp", conn.conn_id), self.clock.now()))
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import pytest
+
 from appbridge.carriers.sip.dtmf4733 import TelephoneEvent
+from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
 from appbridge.carriers.sip.leg import RtpPortPool, SipLeg
 from appbridge.carriers.sip.rtp import RtpPacket
-from appbridge.carriers.sip.sdp import PCMU, NegotiatedAudio
+from appbridge.carriers.sip.sdp import G722, PCMU, Codec, NegotiatedAudio
 from appbridge.clock import VirtualClock
+from appbridge.media.codecs import PCM16_16K
+from appbridge.testing.audio import dominant_freq, tone_pcm16
 
 PEER = ("127.0.0.1", 40000)
 
@@ -30,11 +35,13 @@ class Events:
         pass
 
 
-def make_leg() -> tuple[SipLeg, VirtualClock, list[RtpPacket], list[Callable[[], None]], Events]:
+def make_leg(
+    codec: Codec = PCMU,
+) -> tuple[SipLeg, VirtualClock, list[RtpPacket], list[Callable[[], None]], Events]:
     neg = NegotiatedAudio(
-        codec=PCMU,
-        send_payload_type=0,
-        receive_payload_type=0,
+        codec=codec,
+        send_payload_type=codec.payload_type,
+        receive_payload_type=codec.payload_type,
         send_event_payload_type=101,
         receive_event_payload_type=101,
         remote_address=PEER[0],
@@ -127,3 +134,37 @@ def test_port_pool_quarantines_released_ports() -> None:
     pool.release(20004, 1.0)
     assert pool.acquire(5.0) is None
     assert pool.acquire(11.0) == 20004
+
+
+def test_g722_is_coded_by_the_leg_with_one_encoder_and_one_decoder_per_call() -> None:
+    """G.722 is ADPCM: the far end decodes the whole call with one decoder, so the leg encodes
+    every frame (items and silence alike) with one encoder; the engine sees pcm16 16 kHz."""
+    leg, clock, sent, deferred, events = make_leg(G722)
+    assert leg.audio_format == PCM16_16K and leg.audio_format.frame_bytes(20) == 640
+    tone = tone_pcm16(1000, 200, 16000, amplitude=8000)
+    frames = [tone[i : i + 640] for i in range(0, len(tone), 640)]
+    # Two "items" with a silent gap between them, as the output queue hands them over.
+    for frame in [*frames[:5], None, None, *frames[5:]]:
+        tick(leg, clock, deferred, frame)
+    assert all(len(p.payload) == 160 and p.payload_type == G722.payload_type for p in sent)
+    far_end = G722Decoder()
+    heard = b"".join(far_end.decode(p.payload) for p in sent)
+    reference = G722Decoder().decode(
+        G722Encoder().encode(b"".join([*frames[:5], bytes(1280), *frames[5:]]))
+    )
+    assert heard == reference  # the same as one continuous encoding: no splice anywhere
+    # Incoming G.722 reaches the engine decoded, 640 bytes per 20 ms.
+    encoder = G722Encoder()
+    for i, frame in enumerate(frames):
+        packet = RtpPacket(
+            payload_type=G722.payload_type,
+            sequence=100 + i,
+            timestamp=5000 + 160 * i,
+            ssrc=99,
+            payload=encoder.encode(frame),
+        )
+        leg.datagram_received(packet.serialize(), PEER, clock.now())
+    for _ in range(20):
+        tick(leg, clock, deferred, None)
+    assert events.audio and all(len(a) == 640 for a in events.audio)
+    assert dominant_freq(b"".join(events.audio), 16000) == pytest.approx(1000, abs=25)
