@@ -24,4 +24,12 @@ What the shell does with them, per datagram or stream chunk:
    ``on_timer(now)`` when it passes.
 4. Responses over UDP go to ``response_address(request.top_via)``; over TCP back on the
    request's connection.
+
+Media cores: :mod:`.sdp` (offer/answer, RFC 3264), :mod:`.rtp`, :mod:`.jitter`,
+:mod:`.dtmf4733`, :mod:`.g722`; :mod:`.refer` holds the REFER/NOTIFY core (RFC 3515).
+
+The shell: :mod:`.transport` (UDP/TCP sockets, the one timer), :mod:`.inbound` (the UAS call
+flow, ``SipService``), :mod:`.uac` (the one UAC INVITE flow), :mod:`.outbound`
+(``POST /v1/calls``), :mod:`.party` (a transfer's party leg and REFER for a call) and
+:mod:`.leg` (``SipLeg``, the carrier leg on RTP).
 """
