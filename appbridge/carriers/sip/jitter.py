@@ -327,7 +327,24 @@ class JitterBuffer:
                     if self._due(self._next_ts) > now + self._tol_s:
                         return None
             return self._conceal(nxt)
-        packet = entry[0]
+        return self._take(nxt, entry[0])
+
+    def pop_ready(self, now: float) -> JitterFrame | None:
+        """The next frame in sequence if its packet is already here, before its playout time:
+        in-order delivery for consumers that need no smoothing (the app and the ears buffer on
+        their side). Playback starts at once rather than after the target delay. A gap is not
+        filled here: `pop` conceals it once the missing packet is overdue on the timeline, which
+        keeps the target delay, so reordering within it still plays in order."""
+        if not self._playing and not self._start(now, force=True):
+            return None
+        nxt = self._next
+        assert nxt is not None
+        entry = self._buf.get(nxt)
+        if entry is None:
+            return None
+        return self._take(nxt, entry[0])
+
+    def _take(self, nxt: int, packet: RtpPacket) -> JitterFrame:
         del self._buf[nxt]
         self._next = nxt + 1
         after = self._buf.get(nxt + 1)
@@ -357,11 +374,11 @@ class JitterBuffer:
             packet.marker,
         )
 
-    def _start(self, now: float) -> bool:
+    def _start(self, now: float, *, force: bool = False) -> bool:
         if not self._buf or self._fill_start is None:
             return False
         self._target_s = self._compute_target()
-        if now + 1e-9 < self._fill_start + self._target_s:
+        if not force and now + 1e-9 < self._fill_start + self._target_s:
             return False
         first = min(self._buf)
         packet = self._buf[first][0]
@@ -371,7 +388,9 @@ class JitterBuffer:
         # came slowly then plays at once instead of adding its lateness to the whole call.
         ideal_t0 = min(self._window) + self._target_s
         ideal_t0 += self._ts_ext_peek(packet.timestamp) / self._rate_hz
-        self._t0 = min(now, ideal_t0)
+        # A forced start (in-order delivery, `pop_ready`) keeps the target delay on the timeline
+        # so that `pop` still waits that long before it conceals a gap.
+        self._t0 = ideal_t0 if force else min(now, ideal_t0)
         self._ts0 = packet.timestamp
         self._playing = True
         self._since_adapt = 0

@@ -10,12 +10,15 @@ the tick's frame and finishes the tick itself, just after the engine's tick runs
 (``frames_wanted`` defers :meth:`SipLeg.end_tick` with ``loop.call_soon``): it sends the frame,
 or the codec's silence when none came, or RFC 4733 event packets while a ``dtmf.send`` plays (the
 audio clock then keeps running with ``RtpSender.skip``, RFC 4733 §2.5.1.2). The same hook plays
-the caller's side out of the jitter buffer: one ``on_carrier_audio`` per frame due.
+the caller's side out of the jitter buffer: one ``on_carrier_audio`` per frame due (gaps get
+their concealment frames there).
 
 Incoming datagrams (``datagram_received``) go through :class:`~.rtp.RtpReceiver` (symmetric
 RTP: we send to where the caller's RTP comes from, RFC 4961), then telephone-events by payload
 type to :class:`~.dtmf4733.Rfc4733Receiver` (one ``on_carrier_dtmf`` per keypress, RFC 4733
-§2.5.2) and audio to the :class:`~.jitter.JitterBuffer`.
+§2.5.2) and audio to the :class:`~.jitter.JitterBuffer`. A packet that continues the sequence
+goes on to the engine at once (``JitterBuffer.pop_ready``): the app and the ears need no playout
+smoothing. Only gaps wait, on the tick, for the buffer's adaptive delay before concealment.
 
 Time is an argument (``now``) everywhere except in the thin asyncio glue, so the pacing is
 unit-tested in virtual time (tests/unit/sip/test_sip_leg.py).
@@ -32,7 +35,7 @@ from typing import Any, Protocol, cast
 from appbridge.carriers.base import CarrierEvents, TransferError
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
 from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
-from appbridge.carriers.sip.jitter import JitterBuffer
+from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
 from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
 from appbridge.carriers.sip.sdp import NegotiatedAudio
 from appbridge.clock import Clock
@@ -291,10 +294,18 @@ class SipLeg:
             frame = self._g722_enc.encode(frame)
         self._send(self.rtp.audio(frame))
 
-    def _play_in(self, now: float) -> None:
+    def _play_ready(self, now: float) -> None:
+        """Frames whose packets are here, in sequence, go on at once: the app and the ears need
+        no playout smoothing (issue 7: inbound added latency p99 5 ms); gaps wait for the tick."""
+        self._play_in(now, self.jitter.pop_ready)
+
+    def _play_in(
+        self, now: float, pop: Callable[[float], JitterFrame | None] | None = None
+    ) -> None:
         events = self.events
+        pop = pop or self.jitter.pop
         while True:
-            out = self.jitter.pop(now)
+            out = pop(now)
             if out is None:
                 return
             if events is not None:
@@ -331,8 +342,8 @@ class SipLeg:
                 if self.events is not None:
                     self.events.on_carrier_dtmf(d.digit)
             return
-        if self.negotiated.receive:
-            self.jitter.push(packet, now)
+        if self.negotiated.receive and self.jitter.push(packet, now):
+            self._play_ready(now)
 
 
 class RtpProtocol(asyncio.DatagramProtocol):

@@ -292,3 +292,38 @@ def test_invalid_configuration() -> None:
         JitterBuffer(min_delay_ms=100, max_delay_ms=50)
     with pytest.raises(ValueError):
         JitterBuffer(clock_rate_hz=0)
+
+
+def test_pop_ready_hands_on_in_order_packets_on_arrival_and_leaves_gaps_to_pop() -> None:
+    """In-order delivery for the app path (issue 7, inbound latency): a packet that continues
+    the sequence is handed on when it arrives; a gap waits for `pop`, which conceals it only once
+    the missing packet is overdue, so a packet reordered within the delay still plays in order."""
+    jb = JitterBuffer(min_delay_ms=60)
+    packets = [p for _, p in stream(6)]
+    jb.push(packets[0], T0)
+    first = jb.pop_ready(T0)
+    assert first is not None and first.sequence == packets[0].sequence  # no start-up delay
+    assert jb.pop_ready(T0) is None  # nothing more here
+    jb.push(packets[1], T0 + 0.020)
+    assert jb.pop_ready(T0 + 0.020).sequence == packets[1].sequence  # type: ignore[union-attr]
+    # Packet 2 (sent at +40 ms) is 30 ms late and 3 arrives first: 3 waits, and pop conceals
+    # nothing while 2 is within the 60 ms delay.
+    jb.push(packets[3], T0 + 0.060)
+    assert jb.pop_ready(T0 + 0.060) is None
+    assert jb.pop(T0 + 0.060) is None and not jb.stats.concealed
+    jb.push(packets[2], T0 + 0.070)
+    assert [jb.pop_ready(T0 + 0.070).sequence, jb.pop_ready(T0 + 0.070).sequence] == [  # type: ignore[union-attr]
+        packets[2].sequence,
+        packets[3].sequence,
+    ]
+    assert jb.stats.concealed == 0 and jb.stats.late == 0
+    # Packet 4 never comes: the tick's pop conceals its slot once it is overdue, then 5 goes on.
+    jb.push(packets[5], T0 + 0.100)
+    assert jb.pop_ready(T0 + 0.100) is None
+    frame = None
+    now = T0 + 0.100
+    while frame is None or not frame.concealed:
+        now += 0.020
+        frame = jb.pop(now)
+    assert frame.sequence == packets[4].sequence
+    assert jb.pop_ready(now).sequence == packets[5].sequence  # type: ignore[union-attr]
