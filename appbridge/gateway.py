@@ -34,6 +34,7 @@ from appbridge.speech.providers.local_stt import LocalSttProvider
 
 if TYPE_CHECKING:
     from appbridge.carriers.sip.inbound import SipService
+    from appbridge.carriers.twilio_outbound import TwilioOutbound
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class Gateway:
             self.stt_providers["local"] = LocalSttProvider()
         # -- SIP carrier (issue 6): started and stopped with the gateway when [sip] is set.
         self.sip: SipService | None = None
+        # Calls placed through Twilio's REST API (carriers/twilio_outbound.py), made on first use.
+        self.twilio_outbound: TwilioOutbound | None = None
         # Opt-in diagnostic (APPBRIDGE_STALL_TRACE_MS): log what holds the loop too long.
         self.stall_watch: LoopStallWatch | None = None
         self.memory_log: MemoryDiffLog | None = None

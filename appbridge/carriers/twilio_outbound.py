@@ -43,7 +43,6 @@ import logging
 import math
 import re
 import secrets
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -544,14 +543,11 @@ class TwilioOutbound:
 
 # -- per gateway, and the two entry points of the routes ----------------------------------------
 
-_OUTBOUND: weakref.WeakKeyDictionary[Gateway, TwilioOutbound] = weakref.WeakKeyDictionary()
-
-
 def outbound_for(gw: Gateway) -> TwilioOutbound:
-    """The gateway's :class:`TwilioOutbound`, made on first use."""
-    found = _OUTBOUND.get(gw)
+    """The gateway's :class:`TwilioOutbound` (``Gateway.twilio_outbound``), made on first use."""
+    found = gw.twilio_outbound
     if found is None:
-        found = _OUTBOUND[gw] = TwilioOutbound(gw)
+        found = gw.twilio_outbound = TwilioOutbound(gw)
     return found
 
 
@@ -560,7 +556,7 @@ def claim_outbound_stream(
 ) -> TwilioLeg | Refused | None:
     """The stream endpoint's hook: the leg of a dial's stream, :data:`REFUSED`, or None when
     the stream is not one the gateway dialed out (the inbound path decides)."""
-    found = _OUTBOUND.get(gw)
+    found = gw.twilio_outbound
     if found is None:
         if DIAL_TOKEN_PARAM in info.custom_parameters:
             return REFUSED
@@ -588,7 +584,7 @@ async def handle_status_callback(
         )
     form = {name: values[-1] for name, values in params.items()}
     dial_id = dict(parse_qsl(urlsplit(url).query)).get("dial", "")
-    found = _OUTBOUND.get(gw)
+    found = gw.twilio_outbound
     if found is None or not found.on_status(dial_id, form):
         log.debug("twilio status: callback for no dial we track (%s)", form.get("CallSid"))
     return 204, "text/plain", b""
