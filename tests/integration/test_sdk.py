@@ -34,6 +34,7 @@ from appbridge.sdk import (
 from appbridge.testing.audio import decode_dtmf, dominant_freq, tone_pcm16, ulaw_decode, ulaw_encode
 from appbridge.testing.fake_app import fonoster_headers
 from appbridge.testing.fake_twilio import FakeTwilioCall, LoopbackServer
+from appbridge.testing.fake_twilio_outbound import Callee
 from tests.integration.conftest import SECRET, Env, gateway_env
 from tests.integration.test_bad_input import media_server  # noqa: F401  (fixture)
 
@@ -249,7 +250,10 @@ async def test_cold_transfer_and_its_failures(sdk: SdkEnv) -> None:
     sdk.env.rest.fail_next(400, 21211)
     with pytest.raises(TransferFailed):
         await asyncio.wait_for(session.transfer("+15557654321"), 10)
-    with pytest.raises(FeatureNotSupported):
+    with pytest.raises(FeatureNotSupported):  # REFER is SIP signalling
+        await asyncio.wait_for(session.transfer("+15557654321", mode="refer"), 10)
+    sdk.env.rest.dialer.default_callee = Callee("busy")  # a warm transfer to a busy party
+    with pytest.raises(TransferFailed):
         await asyncio.wait_for(session.transfer("+15557654321", mode="warm"), 10)
     end = await asyncio.wait_for(session.transfer("+15557654321"), 10)
     assert end.reason == "transfer"

@@ -168,3 +168,37 @@ def test_g722_is_coded_by_the_leg_with_one_encoder_and_one_decoder_per_call() ->
         tick(leg, clock, deferred, None)
     assert events.audio and all(len(a) == 640 for a in events.audio)
     assert dominant_freq(b"".join(events.audio), 16000) == pytest.approx(1000, abs=25)
+
+
+def test_clear_sends_the_next_packet_at_once_and_keeps_the_rate() -> None:
+    """Issue 7, clear-to-silence: the silent packet leaves with the ``clear``, not on the next
+    tick; the next tick with nothing to play sends nothing, so sequence numbers and timestamps
+    stay continuous and the stream keeps one packet per 20 ms on average."""
+    leg, clock, sent, deferred, _ = make_leg()
+    loud = b"\x10" * 160
+    tick(leg, clock, deferred, loud)
+    tick(leg, clock, deferred, loud)
+    clock.advance(0.007)  # the app's clear arrives 7 ms into a tick interval
+    leg.clear_output()
+    assert len(sent) == 3 and sent[-1].payload == b"\xff" * 160  # µ-law silence, now
+    tick(leg, clock, deferred, None)  # the tick it stood in for: nothing more
+    assert len(sent) == 3
+    tick(leg, clock, deferred, None)
+    tick(leg, clock, deferred, loud)
+    assert len(sent) == 5
+    assert [p.sequence for p in sent] == [(65534 + i) & 0xFFFF for i in range(5)]
+    assert [p.timestamp for p in sent] == [1000 + 160 * i for i in range(5)]
+    # A clear between a tick's hand-over and its packet drops the frame handed over.
+    assert leg.frames_wanted(True) == 1
+    leg.send_frame(loud)
+    leg.clear_output()
+    deferred.pop()()
+    assert sent[-1].payload == b"\xff" * 160 and len(sent) == 6
+    # Audio right after a clear goes out on its ticks; the first silent tick makes up.
+    clock.advance(0.020)
+    leg.clear_output()
+    tick(leg, clock, deferred, loud)
+    tick(leg, clock, deferred, None)
+    assert len(sent) == 8 and sent[-1].payload == loud
+    tick(leg, clock, deferred, None)
+    assert len(sent) == 9 and [p.sequence for p in sent][-1] == (65534 + 8) & 0xFFFF
