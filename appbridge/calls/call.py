@@ -400,59 +400,54 @@ class Call:
 
     # -- the media clock ------------------------------------------------------------------------
     def _on_tick(self, tick: int) -> None:
-        leg = self.leg
+        leg, queue = self.leg, self.queue
+        if leg is None or queue is None:
+            return
         transfer = self.transfer
         if transfer is not None:
             transfer.on_tick(self.gw.clock.now())
-            party = self._party
-            if party is not None and self.queue is not None and leg is not None:
-                self._consultation_tick(leg, party, self.queue)
-                return
-        queue = self.hold_queue if self.hold_queue is not None else self.queue
-        if queue is None or leg is None:
-            return
         listeners = self.listeners
         outbound = listeners is not None and listeners.wants_outbound
+        party, hold = self._party, self.hold_queue
+        if party is None:
+            sent = self._feed(leg, hold if hold is not None else queue, None, outbound)
+        else:
+            # A warm transfer's consultation: the caller hears the transfer's music, the party
+            # hears the app (with its output events and the listeners' outbound track).
+            if hold is not None:
+                self._feed(leg, hold, None, False)
+            sent = self._feed(party, queue, self._party_out, outbound)
+        if outbound and not sent:
+            # Listeners of the outbound track get a continuous timeline: silence when idle.
+            self._send_outbound(queue.silence_frame)
+
+    def _feed(
+        self,
+        leg: CarrierLeg,
+        queue: OutputQueue,
+        conv: FrameConverter | None,
+        outbound: bool,
+    ) -> bool:
+        """The frames ``leg`` wants this tick, from ``queue`` (converted when ``conv`` is set);
+        the app's queue also reports its output events. True when a frame went to listeners."""
         sent = False
+        app_output = queue is self.queue
         for _ in range(leg.frames_wanted(not queue.is_empty)):
             frame, events = queue.pull_frame()
-            if events and queue is self.queue:
+            if events and app_output:
                 self.commands.on_output_events(events)
             if frame is None:
                 break
             self.frames_out += 1
-            leg.send_frame(frame)
+            if conv is None:
+                leg.send_frame(frame)
+            else:
+                for converted in conv.convert(frame):
+                    leg.send_frame(converted)
             if outbound:
                 self._send_outbound(frame)
                 sent = True
-        if outbound and not sent and self.queue is not None:
-            # Listeners of the outbound track get a continuous timeline: silence when idle.
-            self._send_outbound(self.queue.silence_frame)
-
-    def _consultation_tick(self, leg: CarrierLeg, party: CarrierLeg, queue: OutputQueue) -> None:
-        """A warm transfer's consultation: the caller hears the transfer's music, the party
-        hears the app (with its output events and the listeners' outbound track)."""
-        music = self.hold_queue
-        if music is not None:
-            for _ in range(leg.frames_wanted(True)):
-                frame, _events = music.pull_frame()
-                if frame is None:
-                    break
-                leg.send_frame(frame)
-        conv = self._party_out
-        assert conv is not None
-        outbound = self.listeners is not None and self.listeners.wants_outbound
-        for _ in range(party.frames_wanted(not queue.is_empty)):
-            frame, events = queue.pull_frame()
-            if events:
-                self.commands.on_output_events(events)
-            if frame is None:
-                break
-            self.frames_out += 1
-            for converted in conv.convert(frame):
-                party.send_frame(converted)
-            if outbound:
-                self._send_outbound(frame)
+        return sent
 
     def _send_outbound(self, frame: bytes) -> None:
         assert self.listeners is not None and self._out_conv is not None
