@@ -151,14 +151,17 @@ async def test_a_test_call_hears_the_greeting_then_the_answer_to_a_key(tmp_path:
     # What was heard is those very sentences (the envelope of the local TTS's own rendering),
     # and the answer names the key pressed: of "You pressed 0." ... "You pressed 9." it matches
     # "5" best. (The envelopes of two such answers differ little, 0.88-0.97 for "5" against
-    # 0.81-0.83 for "9", so a fixed margin would be fragile; the greeting matches at 0.99.)
+    # 0.81-0.83 for "9", so a fixed margin would be fragile.) The greeting matches its reference
+    # at 0.99 alone, but at 0.755 twice in the full suite: eSpeak's output depends on what the
+    # process synthesised before (its wavegen state runs on), so the reference rendered here and
+    # the demo's rendering can differ; an unrelated sentence scores 0.13-0.16.
     heard = report.heard_pcm16()
     heard_answer = slice_s(heard, answer_start - opened - 0.3, answer_end - opened + 0.3)
     matches = {d: best_match(heard_answer, ref) for d, ref in digit_refs.items()}
     assert max(matches, key=lambda d: matches[d]) == "5", matches
     assert matches["5"] > 0.7, matches
     heard_greeting = slice_s(heard, 0.0, digit_at - opened)
-    assert best_match(heard_greeting, greeting_ref) > 0.85
+    assert best_match(heard_greeting, greeting_ref) > 0.7
 
     # The narration has one line per event, with relative times.
     assert "sent DTMF 5" in text
