@@ -26,7 +26,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from argparse import Namespace
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -476,6 +476,16 @@ def run_call_command(args: Namespace) -> int:
         print(f"appbridge call: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    async def call(hang_up: asyncio.Event) -> int:
+        return (await place_test_call(plan, hang_up=hang_up)).exit_code
+
+    return run_until_hung_up(call)
+
+
+def run_until_hung_up(call: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run one test call (Twilio or SIP) to its exit code: the first Ctrl-C (or SIGTERM) sets
+    the ``hang_up`` event the call watches, a second one abandons it (exit 130)."""
+
     async def main() -> int:
         loop = asyncio.get_running_loop()
         hang_up = asyncio.Event()
@@ -492,7 +502,7 @@ def run_call_command(args: Namespace) -> int:
                 loop.add_signal_handler(sig, on_signal)
                 installed.append(sig)
         try:
-            return (await place_test_call(plan, hang_up=hang_up)).exit_code
+            return await call(hang_up)
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appbridge.caller import DIGIT_INTERVAL_S, DIGITS_START_S, CallerUsageError
+from appbridge.caller import (
+    DIGIT_INTERVAL_S,
+    DIGITS_START_S,
+    CallerUsageError,
+    run_until_hung_up,
+)
 from appbridge.caller_sip.link import parse_sip_target
 from appbridge.caller_sip.uac import (
     DEFAULT_FROM_USER,
@@ -253,29 +257,7 @@ def run_sip_call_command(args: Namespace) -> int:
         print(f"appbridge call: error: {exc}", file=sys.stderr)
         return 2
 
-    async def main() -> int:
-        loop = asyncio.get_running_loop()
-        hang_up = asyncio.Event()
-        current = asyncio.current_task()
+    async def call(hang_up: asyncio.Event) -> int:
+        return (await place_sip_call(plan, hang_up=hang_up)).exit_code
 
-        def on_signal() -> None:
-            if hang_up.is_set() and current is not None:
-                current.cancel()
-            hang_up.set()
-
-        installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, on_signal)
-                installed.append(sig)
-        try:
-            return (await place_sip_call(plan, hang_up=hang_up)).exit_code
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-
-    try:
-        return asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        print("appbridge call: abandoned", file=sys.stderr)
-        return 130
+    return run_until_hung_up(call)
