@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import shutil
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,8 +34,14 @@ from appbridge.testing.audio import rms_pcm16, tone_pcm16, ulaw_encode
 from appbridge.testing.fake_twilio import LoopbackServer
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import SECRET, make_config
+from tests.integration.sipp_support import (
+    finish_sipp,
+    free_port,
+    port_taken,
+    scenario_file,
+    spawn_sipp,
+)
 
-SIPP = shutil.which("sipp")
 ROUTED = "+15550002222"
 PARTY = "+15557654321"
 #: The gateway's RTP ports in these tests: no other test module uses this range.
@@ -92,12 +96,6 @@ class SdkSipEnv:
         return cls(self.uri(), from_user=next_caller_number())
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _media_server() -> LoopbackServer:
     tone = write_wav(tone_pcm16(MUSIC_HZ, 800, 22050), 22050)
 
@@ -126,7 +124,7 @@ async def sdk_sip_env() -> AsyncIterator[SdkSipEnv]:
     main = await AppServer(main_handler, secrets=SECRET).serve()
     second = await AppServer(second_handler, secrets=SECRET).serve()
     media = await _media_server()
-    party_port = free_udp_port()
+    party_port = free_port()
     sock = bind_loopback()
     apps = [
         {"ref": "main", "url": main.url, "signing_secret": SECRET},
@@ -289,48 +287,13 @@ BUSY_UAS = """<?xml version="1.0" encoding="ISO-8859-1" ?>
 
 async def run_sipp_uas(env: SdkSipEnv, scenario: str, tmp: Path) -> tuple[int, str]:
     """One sipp UAS call on the trunk's port; returns sipp's exit code and the end of its log."""
-    assert SIPP is not None
     audio = tmp / "party.ulaw"
     audio.write_bytes(ulaw_encode(tone_pcm16(PARTY_HZ, 2000, 8000, amplitude=8000)))
-    path = tmp / "party_uas.xml"
-    path.write_text(scenario.replace("@AUDIO@", str(audio)))
-    proc = await asyncio.create_subprocess_exec(
-        SIPP,
-        "-sf",
-        str(path),
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(env.party_port),
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(free_udp_port() & ~1),
-        "-m",
-        "1",
-        "-timeout",
-        f"{SIPP_TIMEOUT_S}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(tmp / "sipp_errors.log"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(tmp),
+    path = scenario_file(tmp, scenario, "party_uas.xml", audio=str(audio))
+    proc = await spawn_sipp(
+        tmp, "-sf", str(path), local_port=env.party_port, timeout_s=SIPP_TIMEOUT_S
     )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), SIPP_TIMEOUT_S + 10)
-    except (asyncio.CancelledError, TimeoutError):
-        proc.kill()
-        await proc.wait()
-        raise
-    log = out.decode(errors="replace")[-3000:]
-    errors = tmp / "sipp_errors.log"
-    if errors.exists():
-        log += "\n" + errors.read_text()[-3000:]
-    assert proc.returncode is not None
-    return proc.returncode, log
+    return await finish_sipp(proc, tmp, timeout_s=SIPP_TIMEOUT_S)
 
 
 async def sipp_listening(port: int, timeout_s: float = 5.0) -> None:
@@ -338,11 +301,8 @@ async def sipp_listening(port: int, timeout_s: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return
+        if port_taken(port):
+            return
         await asyncio.sleep(0.05)
     raise TimeoutError(f"sipp did not bind 127.0.0.1:{port}")
 

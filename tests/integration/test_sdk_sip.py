@@ -45,7 +45,6 @@ from tests.integration.sdk_sip_support import (
     PARTY_HZ,
     PARTY_UAS,
     ROUTED,
-    SIPP,
     ReferringCaller,
     SdkSipEnv,
     at_s,
@@ -57,6 +56,7 @@ from tests.integration.sdk_sip_support import (
     voiced_s,
     voiced_span_s,
 )
+from tests.integration.sipp_support import SIPP
 from tests.integration.test_turns import synthesise_ulaw, wer
 
 pytestmark = [

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import shutil
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,10 +25,15 @@ from appbridge.gateway import Gateway
 from appbridge.testing import FakeApp
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import API_TOKEN, SECRET, make_config
+from tests.integration.sipp_support import (
+    SIPP,
+    bundled_scenario,
+    finish_sipp,
+    free_port,
+    spawn_sipp,
+    until_bound,
+)
 
-SIPP = shutil.which("sipp")
-SCENARIOS = Path(__file__).parent / "sipp"
-SIPP_TIMEOUT_S = 20
 TRUNK_USER = "trunkuser"
 TRUNK_PASSWORD = "trunk-secret"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
@@ -41,21 +44,6 @@ if SIPP is None and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
     pytest.fail("CI=true and sipp is missing: run deploy/install-test-peers.sh", pytrace=False)
 needs_sipp = pytest.mark.skipif(SIPP is None, reason="sipp missing: deploy/install-test-peers.sh")
 pytestmark = [pytest.mark.timeout(60)]
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _udp_port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
 
 
 @dataclass
@@ -72,7 +60,7 @@ async def outbound_gateway(
 ) -> AsyncIterator[OutEnv]:
     app = FakeApp(secret=SECRET)
     await app.start()
-    trunk_port = _free_udp_port()
+    trunk_port = free_port()
     sock = bind_loopback()
     port = sock.getsockname()[1]
     trunk_cfg = {"name": "main", "host": "127.0.0.1", "port": trunk_port, **(trunk or {})}
@@ -102,57 +90,10 @@ async def outbound_gateway(
 async def start_sipp(
     env: OutEnv, tmp: Path, scenario: str | None, **fill: str
 ) -> asyncio.subprocess.Process:
-    assert SIPP is not None
-    if scenario is None:
-        where = ["-sn", "uas"]
-    else:
-        text = (SCENARIOS / scenario).read_text()
-        for key, value in fill.items():
-            text = text.replace(f"@{key.upper()}@", value)
-        (tmp / scenario).write_text(text)
-        where = ["-sf", str(tmp / scenario)]
-    proc = await asyncio.create_subprocess_exec(
-        SIPP,
-        *where,
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(env.trunk_port),
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(_free_udp_port() & ~1),
-        "-m",
-        "1",
-        "-timeout",
-        f"{SIPP_TIMEOUT_S}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(tmp / "sipp_errors.log"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(tmp),
-    )
-    for _ in range(200):  # until sipp has bound its SIP port
-        if _udp_port_taken(env.trunk_port):
-            return proc
-        if proc.returncode is not None:
-            break
-        await asyncio.sleep(0.01)
-    out = await proc.stdout.read() if proc.stdout is not None else b""
-    raise AssertionError("sipp did not start: " + out.decode(errors="replace")[-2000:])
-
-
-async def finish_sipp(proc: asyncio.subprocess.Process, tmp: Path) -> tuple[int, str]:
-    out, _ = await asyncio.wait_for(proc.communicate(), SIPP_TIMEOUT_S + 10)
-    log = out.decode(errors="replace")[-3000:]
-    errors = tmp / "sipp_errors.log"
-    if errors.exists():
-        log += "\n" + errors.read_text()[-3000:]
-    assert proc.returncode is not None
-    return proc.returncode, log
+    """sipp as the trunk's callee on ``env.trunk_port``; returns once its port is bound."""
+    where = bundled_scenario(tmp, scenario, **fill)
+    proc = await spawn_sipp(tmp, *where, local_port=env.trunk_port)
+    return await until_bound(proc, env.trunk_port)
 
 
 async def place(env: OutEnv, **extra: Any) -> str:

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import re
-import shutil
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,12 +22,17 @@ from appbridge.gateway import Gateway
 from appbridge.testing import FakeApp
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import SECRET, make_config
+from tests.integration.sipp_support import (
+    SCENARIOS,
+    SIPP,
+    finish_sipp,
+    free_port,
+    scenario_file,
+    spawn_sipp,
+)
 
-SIPP = shutil.which("sipp")
-SCENARIOS = Path(__file__).parent / "sipp"
 PCAPS = Path("/usr/share/sip-tester")
 ROUTED = "+15550001111"
-SIPP_TIMEOUT_S = 20
 
 if SIPP is None and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
     pytest.fail("CI=true and sipp is missing: run deploy/install-test-peers.sh", pytrace=False)
@@ -45,12 +47,6 @@ class SipEnv:
     gw: Gateway
     app: FakeApp
     sip_port: int
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @asynccontextmanager
@@ -84,49 +80,18 @@ async def run_sipp(
 ) -> tuple[int, str]:
     """Run one sipp scenario against the gateway; ``@KEY@`` placeholders are filled from
     ``fill``; ``extra`` are more sipp options (``-trace_msg``...)."""
-    text = (SCENARIOS / scenario).read_text()
-    for key, value in fill.items():
-        text = text.replace(f"@{key.upper()}@", value)
-    assert re.search(r"@[A-Z_]+@", text) is None, "unfilled placeholder"
-    path = tmp / scenario
-    path.write_text(text)
-    assert SIPP is not None
-    proc = await asyncio.create_subprocess_exec(
-        SIPP,
+    path = scenario_file(tmp, (SCENARIOS / scenario).read_text(), scenario, **fill)
+    proc = await spawn_sipp(
+        tmp,
         f"127.0.0.1:{env.sip_port}",
         "-sf",
         str(path),
         "-s",
         service,
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(_free_udp_port()),
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(_free_udp_port() & ~1),
-        "-m",
-        "1",
-        "-timeout",
-        f"{SIPP_TIMEOUT_S}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(tmp / "sipp_errors.log"),
         *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(tmp),
+        local_port=free_port(),
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), SIPP_TIMEOUT_S + 10)
-    errors = tmp / "sipp_errors.log"
-    log = out.decode(errors="replace")[-3000:]
-    if errors.exists():
-        log += "\n" + errors.read_text()[-3000:]
-    assert proc.returncode is not None
-    return proc.returncode, log
+    return await finish_sipp(proc, tmp)
 
 
 async def test_basic_call_session_start_and_caller_audio(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import os
 import re
-import shutil
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,11 +37,17 @@ from appbridge.gateway import Gateway
 from appbridge.testing import FakeApp
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import API_TOKEN, SECRET, make_config
+from tests.integration.sipp_support import (
+    SIPP,
+    bundled_scenario,
+    finish_sipp,
+    free_port,
+    spawn_sipp,
+    until_bound,
+)
 from tests.integration.test_sip_sipp import PCAPS, SipEnv, run_sipp
 
-SIPP = shutil.which("sipp")
-SCENARIOS = Path(__file__).parent / "sipp"
-SIPP_TIMEOUT_S = 20
+UAS_ERRORS = "sipp_uas_errors.log"  # beside a UAC sipp's sipp_errors.log in the same tmp
 ROUTED = "+15550001111"
 PARTY = "+15550003333"
 CALLER_ID = "+15550004444"
@@ -53,21 +58,6 @@ pytestmark = [
     pytest.mark.skipif(SIPP is None, reason="sipp missing: run deploy/install-test-peers.sh"),
     pytest.mark.timeout(60),
 ]
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_taken(port: int, kind: int) -> bool:
-    with socket.socket(socket.AF_INET, kind) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
 
 
 @dataclass
@@ -90,7 +80,7 @@ async def transfer_gateway(rtp_low: int, transport: str = "udp") -> AsyncIterato
     app = FakeApp(secret=SECRET)
     await app.start()
     kind = socket.SOCK_STREAM if transport == "tcp" else socket.SOCK_DGRAM
-    trunk_port = _free_port(kind)
+    trunk_port = free_port(kind)
     sock = bind_loopback()
     config = make_config(
         sock.getsockname()[1],
@@ -124,61 +114,14 @@ async def start_uas(
     env: Env, tmp: Path, scenario: str | None, *extra: str, **fill: str
 ) -> asyncio.subprocess.Process:
     """sipp as the trunk's callee on ``env.trunk_port``; returns once its port is bound."""
-    assert SIPP is not None
-    if scenario is None:
-        where = ["-sn", "uas"]
-    else:
-        text = (SCENARIOS / scenario).read_text()
-        for key, value in fill.items():
-            text = text.replace(f"@{key.upper()}@", value)
-        assert re.search(r"@[A-Z_]+@", text) is None, "unfilled placeholder"
-        (tmp / scenario).write_text(text)
-        where = ["-sf", str(tmp / scenario)]
-    tcp = "t1" in extra
-    proc = await asyncio.create_subprocess_exec(
-        SIPP,
-        *where,
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(env.trunk_port),
-        "-mi",
-        "127.0.0.1",
-        "-mp",
-        str(_free_port(socket.SOCK_DGRAM) & ~1),
-        "-m",
-        "1",
-        "-timeout",
-        f"{SIPP_TIMEOUT_S}s",
-        "-timeout_error",
-        "-nostdin",
-        "-trace_err",
-        "-error_file",
-        str(tmp / "sipp_uas_errors.log"),
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(tmp),
-    )
-    kind = socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM
-    for _ in range(300):
-        if _port_taken(env.trunk_port, kind):
-            return proc
-        if proc.returncode is not None:
-            break
-        await asyncio.sleep(0.01)
-    out = await proc.stdout.read() if proc.stdout is not None else b""
-    raise AssertionError("sipp did not start: " + out.decode(errors="replace")[-2000:])
+    where = bundled_scenario(tmp, scenario, **fill)
+    proc = await spawn_sipp(tmp, *where, *extra, local_port=env.trunk_port, error_file=UAS_ERRORS)
+    kind = socket.SOCK_STREAM if "t1" in extra else socket.SOCK_DGRAM
+    return await until_bound(proc, env.trunk_port, kind)
 
 
 async def finish(proc: asyncio.subprocess.Process, tmp: Path) -> tuple[int, str]:
-    out, _ = await asyncio.wait_for(proc.communicate(), SIPP_TIMEOUT_S + 10)
-    log = out.decode(errors="replace")[-3000:]
-    errors = tmp / "sipp_uas_errors.log"
-    if errors.exists():
-        log += "\n" + errors.read_text()[-3000:]
-    assert proc.returncode is not None
-    return proc.returncode, log
+    return await finish_sipp(proc, tmp, error_file=UAS_ERRORS)
 
 
 async def inbound_leg(env: Env) -> tuple[SipCall, SipLeg]:
