@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
+import struct
 import weakref
 from collections.abc import Callable, Mapping
 from typing import cast
@@ -23,7 +25,53 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - every wheel we install ships the C extension
+    from websockets.utils import apply_mask
+
 log = logging.getLogger(__name__)
+
+# RFC 6455 §5.3: every frame a client sends is masked with a fresh key "derived from a strong
+# source of entropy". Keys come from the OS's CSPRNG (os.urandom), 4 KiB at a time: one getrandom
+# call per 1024 frames instead of one per frame, the same unpredictability.
+_KEY_POOL_BYTES = 4096
+
+
+class _MaskKeys:
+    __slots__ = ("_pool", "_pos")
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._pos = _KEY_POOL_BYTES
+
+    def take(self) -> bytes:
+        pos = self._pos
+        if pos >= _KEY_POOL_BYTES:
+            self._pool = os.urandom(_KEY_POOL_BYTES)
+            pos = 0
+        self._pos = pos + 4
+        return self._pool[pos : pos + 4]
+
+
+_MASK_KEYS = _MaskKeys()
+_HEAD_16 = struct.Struct("!BBH")
+_HEAD_64 = struct.Struct("!BBQ")
+
+
+def masked_frame(opcode: int, data: bytes) -> bytes:
+    """One final, unfragmented, masked client frame (RFC 6455 §5.2), header and payload in one
+    buffer. No extension is ever negotiated on the app link, so RSV bits stay clear."""
+    first = 0x80 | opcode
+    length = len(data)
+    if length < 126:
+        head = bytes((first, 0x80 | length))
+    elif length < 65536:
+        head = _HEAD_16.pack(first, 0xFE, length)
+    else:
+        head = _HEAD_64.pack(first, 0xFF, length)
+    key = _MASK_KEYS.take()
+    return head + key + apply_mask(data, key)
 
 
 # Every connection still open, so a shutting-down gateway can close them all (bounded) before
@@ -176,14 +224,20 @@ class WsClient(asyncio.Protocol):
         return transport.get_write_buffer_size() if transport is not None else 0
 
     def send_text(self, data: bytes) -> None:
-        if self.is_open:
-            self._proto.send_text(data)
-            self._flush()
+        self._send_data(Opcode.TEXT, data)
 
     def send_binary(self, data: bytes) -> None:
-        if self.is_open:
-            self._proto.send_binary(data)
-            self._flush()
+        self._send_data(Opcode.BINARY, data)
+
+    def _send_data(self, opcode: Opcode, data: bytes) -> None:
+        """A whole message as one frame, written straight to the transport. The sans-I/O
+        protocol is not involved: every call into it is flushed at once (``_flush``), so nothing
+        of its own waits to be written, and a data frame changes none of its state. Only while
+        it is OPEN: after a close was sent or received no data frame may follow (RFC 6455
+        §5.5.1)."""
+        transport = self._transport
+        if transport is not None and self._proto.state is State.OPEN:
+            transport.write(masked_frame(opcode, data))
 
     def ping(self) -> None:
         if self.is_open:
