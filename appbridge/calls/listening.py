@@ -77,6 +77,8 @@ class Ears:
         self._reader: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # the clock time _timer was armed for
+        self._loop = asyncio.get_running_loop()
         self._failed_reported = False
         self.paused = False
         self.closed = False
@@ -161,14 +163,24 @@ class Ears:
         self._arm()
 
     def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """One timer for the detector's next deadline. Called after every frame, so a timer that
+        is due no later than the deadline is kept: the deadline of a caller who talks moves out
+        by a frame each time, and firing early costs one ``on_timer`` that finds nothing due
+        (and arms again), where cancelling and re-creating the timer cost a timer per frame."""
         deadline = self.detector.next_deadline()
+        timer = self._timer
         if deadline is None or self.closed:
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
             return
+        if timer is not None:
+            if self._timer_due <= deadline:
+                return
+            timer.cancel()
+        self._timer_due = deadline
         delay = max(0.0, deadline - self.call.gw.clock.now())
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        self._timer = self._loop.call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

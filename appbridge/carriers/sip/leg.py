@@ -206,7 +206,9 @@ class SipLeg:
         that :meth:`end_tick` closes once the engine's tick is over."""
         if not self._tick_open and not self.closed:
             self._tick_open = True
-            defer = self._defer or asyncio.get_running_loop().call_soon
+            defer = self._defer
+            if defer is None:
+                defer = self._defer = asyncio.get_running_loop().call_soon
             defer(self._end_tick_now)
         return 1
 
