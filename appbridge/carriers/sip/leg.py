@@ -388,7 +388,8 @@ class RtpProtocol(asyncio.DatagramProtocol):
         if leg is None:
             self.received_early += 1
             return
-        leg.datagram_received(data, (str(addr[0]), int(addr[1])), self.clock.now())
+        # uvloop and asyncio both give IPv4 sources as a (str, int) tuple already.
+        leg.datagram_received(data, cast(Address, addr), self.clock.now())
 
     def send(self, data: bytes, addr: Address) -> None:
         if self.transport is not None and not self.transport.is_closing():
