@@ -48,6 +48,11 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - every wheel we install ships the C extension
+    from websockets.utils import apply_mask
+
 log = logging.getLogger(__name__)
 # websockets logs "connection open/closed" at INFO for every connection; only its warnings and
 # errors are worth an operator's terminal.
@@ -67,6 +72,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 _HEAD16 = struct.Struct("!BBH").pack
 _HEAD64 = struct.Struct("!BBQ").pack
 _FIN_TEXT = 0x81  # FIN bit and opcode 1 (RFC 6455 §5.2)
+_FIN_BINARY = 0x82
+#: An opening handshake longer than this is handed to websockets as it is, which refuses it.
+_MAX_REQUEST_BYTES = 16 * 1024
 
 
 def text_frame(data: bytes) -> bytes:
@@ -130,6 +138,9 @@ class FastWebSocket(asyncio.Protocol):
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._close_reported = False
+        self._max_message_bytes = max_message_bytes
+        self._rx = b""  # bytes of an incomplete request or frame
+        self._fast_rx = True  # frames are cut here until something only websockets handles
         #: True from the 101 until either side starts the closing handshake.
         self.is_open = False
         self.client: tuple[str, int] | None = None
@@ -146,6 +157,97 @@ class FastWebSocket(asyncio.Protocol):
             self._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._rx:
+            data = self._rx + data
+            self._rx = b""
+        proto = self._proto
+        if proto.state is State.CONNECTING:
+            # Only the request goes to the protocol, so that its frame parser starts exactly at
+            # the first frame; a client may not send frames before our 101 (RFC 6455 §4.1), and
+            # any it sent anyway wait in _rx.
+            end = data.find(b"\r\n\r\n")
+            if end < 0 and len(data) <= _MAX_REQUEST_BYTES:
+                self._rx = data
+                return
+            head, data = (data[: end + 4], data[end + 4 :]) if end >= 0 else (data, b"")
+            self._feed_protocol(head)
+            if not data:
+                return
+        if self._fast_rx and proto.state is State.OPEN:
+            self._receive_frames(data)
+        else:
+            self._fast_rx = False
+            self._feed_protocol(data)
+
+    def _receive_frames(self, buf: bytes) -> None:
+        """The hot path: whole, masked, unfragmented text and binary frames (every Twilio
+        ``media`` message) are unmasked here and handed to the route at once. Any other frame
+        (ping, close, fragments, reserved bits, no mask) goes to websockets' parser whole, which
+        then stands exactly at the next frame, so both keep the same view of the stream. An
+        oversized or undecodable header hands the rest of the connection to websockets, which
+        closes it (1009, 1002)."""
+        pos, size = 0, len(buf)
+        max_size = self._max_message_bytes
+        while size - pos >= 2:
+            b0, b1 = buf[pos], buf[pos + 1]
+            length = b1 & 0x7F
+            head = 2
+            if length == 126:
+                if size - pos < 4:
+                    break
+                length = (buf[pos + 2] << 8) | buf[pos + 3]
+                head = 4
+            elif length == 127:
+                self._fast_rx = False  # over 64 KiB: never a message of ours
+                self._feed_protocol(buf[pos:])
+                return
+            if max_size is not None and length > max_size:
+                self._fast_rx = False
+                self._feed_protocol(buf[pos:])
+                return
+            if b1 & 0x80:
+                head += 4
+            end = pos + head + length
+            if end > size:
+                break
+            if b0 in (_FIN_TEXT, _FIN_BINARY) and b1 & 0x80 and self._proto_idle():
+                payload = apply_mask(buf[pos + head : end], buf[pos + head - 4 : pos + head])
+                pos = end
+                self._deliver(b0 == _FIN_TEXT, payload)
+            else:
+                self._feed_protocol(buf[pos:end])
+                pos = end
+            if self._proto.state is not State.OPEN:
+                # Closing (either side), failed or given up: websockets takes the rest, as it
+                # does the close handshake (a peer's close frame may follow in this buffer).
+                self._fast_rx = False
+                if pos < size:
+                    self._feed_protocol(buf[pos:])
+                return
+        if pos < size:
+            self._rx = buf[pos:]
+
+    def _proto_idle(self) -> bool:
+        """No fragmented message is open in websockets' parser (a whole frame must not cut in,
+        RFC 6455 §5.4: the parser reports that as a protocol error)."""
+        return self._proto.current_size is None and self._fragment_opcode is None
+
+    def _deliver(self, text: bool, payload: bytes) -> None:
+        """One whole message to the route (the same boundary as :meth:`_feed_protocol`)."""
+        handler = self._handler
+        if handler is None or not self.is_open:
+            return
+        try:
+            if text:
+                handler.on_text(payload)
+            else:
+                handler.on_binary(payload)
+        except Exception:
+            log.exception("websocket %s: handler failed; closing this connection", self.client)
+            self._fail_internal()
+            self._flush()
+
+    def _feed_protocol(self, data: bytes) -> None:
         proto = self._proto
         proto.receive_data(data)
         try:

@@ -496,3 +496,118 @@ async def test_routes_pick_the_fast_path_and_everything_else_goes_to_uvicorn() -
     idle = cls(config=Config(), server_state=state, app_state={})
     idle.connection_made(cast(asyncio.Transport, FakeTransport()))
     idle.connection_lost(None)
+
+
+# -- the receive fast path: frames cut here, the rest by websockets ---------------------------
+
+
+def client_bytes(pair: Pair) -> bytes:
+    return b"".join(pair.client.data_to_send())
+
+
+def test_frames_split_anywhere_across_reads_arrive_whole_and_in_order() -> None:
+    pair = make_pair()
+    pair.to_client()
+    messages = [b'{"event":"media","n":%d}' % i for i in range(5)] + [b"y" * 300, b"z" * 2000]
+    for message in messages:
+        pair.client.send_text(message)
+    pair.client.send_binary(b"\x01\x02\x03")
+    wire = client_bytes(pair)
+    for i in range(len(wire)):  # one byte per read: every cut of every header and payload
+        pair.server.data_received(wire[i : i + 1])
+    assert pair.handler.texts == messages
+    assert pair.handler.binaries == [b"\x01\x02\x03"]
+
+
+def test_control_frames_between_messages_go_to_websockets_and_the_stream_stays_in_step() -> None:
+    pair = make_pair()
+    pair.to_client()
+    pair.client.send_text(b"one")
+    pair.client.send_ping(b"p")
+    pair.client.send_text(b"two")
+    pair.client.send_text(b"thr", fin=False)
+    pair.client.send_ping(b"q")  # a control frame inside a fragmented message is allowed
+    pair.client.send_continuation(b"ee", fin=True)
+    pair.client.send_text(b"four")
+    pair.server.data_received(client_bytes(pair))  # all in one read
+    assert pair.handler.texts == [b"one", b"two", b"three", b"four"]
+    pongs = [f.data for f in pair.to_client() if f.opcode is Opcode.PONG]
+    assert pongs == [b"p", b"q"]
+
+
+def test_frames_sent_before_the_101_wait_for_it() -> None:
+    pair = make_pair(handshake=False)
+    request = pair.client.connect()
+    pair.client.send_request(request)
+    head = client_bytes(pair)
+    frame = b"\x81\x83" + b"\x00\x00\x00\x00" + b"abc"  # masked with a zero key
+    pair.server.data_received(head[:10])
+    pair.server.data_received(head[10:] + frame)
+    assert response_of(pair.to_client()).status_code == 101
+    assert pair.handler.texts == [b"abc"]
+
+
+def test_a_whole_message_inside_a_fragmented_one_is_a_protocol_error() -> None:
+    pair = make_pair()
+    pair.to_client()
+    pair.client.send_text(b"par", fin=False)
+    wire = client_bytes(pair)
+    wire += b"\x81\x82" + b"\x00\x00\x00\x00" + b"no"  # FIN text where a continuation is due
+    pair.server.data_received(wire)
+    assert pair.handler.texts == []
+    closes = [Close.parse(f.data).code for f in pair.to_client() if f.opcode is Opcode.CLOSE]
+    assert closes == [1002]
+
+
+def test_an_unmasked_client_frame_is_a_protocol_error() -> None:
+    pair = make_pair()
+    pair.to_client()
+    pair.server.data_received(b"\x81\x03abc")
+    assert pair.handler.texts == []
+    closes = [Close.parse(f.data).code for f in pair.to_client() if f.opcode is Opcode.CLOSE]
+    assert closes == [1002]
+
+
+def test_a_64_bit_length_is_left_to_websockets_size_limit() -> None:
+    pair = make_pair(max_message_bytes=100_000)
+    pair.to_client()
+    pair.client.send_text(b"a")
+    pair.client.send_text(b"x" * 70_000)  # 64-bit length form: over the fast path's range
+    pair.client.send_text(b"b")
+    pair.server.data_received(client_bytes(pair))
+    assert pair.handler.texts == [b"a", b"x" * 70_000, b"b"]  # websockets parses from there on
+
+
+def test_the_peers_close_right_after_a_message_is_answered() -> None:
+    pair = make_pair()
+    pair.to_client()
+    pair.client.send_text(b"last")
+    pair.client.send_close(1000, "bye")
+    pair.server.data_received(client_bytes(pair))
+    assert pair.handler.texts == [b"last"]
+    closes = [Close.parse(f.data).code for f in pair.to_client() if f.opcode is Opcode.CLOSE]
+    assert closes == [1000] and pair.handler.closes == [1000]
+    assert pair.transport.closed
+
+
+def test_a_handler_that_closes_mid_buffer_gets_nothing_more_and_the_close_handshake_runs() -> None:
+    pair = make_pair()
+    pair.to_client()
+    server = pair.server
+    seen: list[bytes] = []
+
+    class Closer(Recorder):
+        def on_text(self, data: bytes) -> None:
+            seen.append(bytes(data))
+            if data == b"stop":
+                server.close(1000, "done")
+
+    server._handler = Closer()
+    for message in (b"a", b"stop", b"after"):
+        pair.client.send_text(message)
+    server.data_received(client_bytes(pair))
+    assert seen == [b"a", b"stop"]
+    closes = [Close.parse(f.data).code for f in pair.to_client() if f.opcode is Opcode.CLOSE]
+    assert closes == [1000]
+    pair.to_server()  # the client's close reply
+    assert pair.transport.closed
