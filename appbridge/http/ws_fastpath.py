@@ -173,7 +173,7 @@ class FastWebSocket(asyncio.Protocol):
             self._feed_protocol(head)
             if not data:
                 return
-        if self._fast_rx and proto.state is State.OPEN:
+        if self._fast_rx and self.is_open:
             self._receive_frames(data)
         else:
             self._fast_rx = False
@@ -217,7 +217,7 @@ class FastWebSocket(asyncio.Protocol):
             else:
                 self._feed_protocol(buf[pos:end])
                 pos = end
-            if self._proto.state is not State.OPEN:
+            if not self.is_open:  # _flush keeps it in step with the protocol's state
                 # Closing (either side), failed or given up: websockets takes the rest, as it
                 # does the close handshake (a peer's close frame may follow in this buffer).
                 self._fast_rx = False

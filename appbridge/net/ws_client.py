@@ -112,6 +112,7 @@ class WsClient(asyncio.Protocol):
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._closed_reported = False
+        self._open = False  # the protocol is OPEN, as of the last call into it (_flush)
         self.handshake_status: int | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
@@ -144,6 +145,9 @@ class WsClient(asyncio.Protocol):
 
     # -- internals -------------------------------------------------------------------------
     def _flush(self) -> None:
+        # Every call into the protocol ends here, so this is where its state is read for the
+        # hot path (``_send_data``), rather than through its property once per frame.
+        self._open = self._proto.state is State.OPEN
         transport = self._transport
         if transport is None:
             return
@@ -159,6 +163,7 @@ class WsClient(asyncio.Protocol):
             transport.close()
 
     def _dispatch(self) -> None:
+        self._open = self._proto.state is State.OPEN  # a handler may send from here on
         for event in self._proto.events_received():
             if isinstance(event, Response):
                 self.handshake_status = event.status_code
@@ -216,7 +221,7 @@ class WsClient(asyncio.Protocol):
 
     @property
     def is_open(self) -> bool:
-        return self._transport is not None and self._proto.state is State.OPEN
+        return self._transport is not None and self._open
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -236,7 +241,7 @@ class WsClient(asyncio.Protocol):
         it is OPEN: after a close was sent or received no data frame may follow (RFC 6455
         §5.5.1)."""
         transport = self._transport
-        if transport is not None and self._proto.state is State.OPEN:
+        if transport is not None and self._open:
             transport.write(masked_frame(opcode, data))
 
     def ping(self) -> None:
