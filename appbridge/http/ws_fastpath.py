@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -48,10 +47,15 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover - every wheel we install ships the C extension
-    from websockets.utils import apply_mask
+from appbridge.net.ws_frames import (
+    FIN_BINARY,
+    FIN_TEXT,
+    HAND_OVER,
+    INCOMPLETE,
+    apply_mask,
+    frame_extent,
+    text_frame,
+)
 
 log = logging.getLogger(__name__)
 # websockets logs "connection open/closed" at INFO for every connection; only its warnings and
@@ -69,22 +73,8 @@ CLOSE_TIMEOUT_S = 5.0
 #: Largest message accepted, unless the route's server says otherwise (``ws_max_size``).
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
-_HEAD16 = struct.Struct("!BBH").pack
-_HEAD64 = struct.Struct("!BBQ").pack
-_FIN_TEXT = 0x81  # FIN bit and opcode 1 (RFC 6455 §5.2)
-_FIN_BINARY = 0x82
 #: An opening handshake longer than this is handed to websockets as it is, which refuses it.
 _MAX_REQUEST_BYTES = 16 * 1024
-
-
-def text_frame(data: bytes) -> bytes:
-    """One unmasked, unfragmented text frame carrying ``data`` (UTF-8 already)."""
-    size = len(data)
-    if size < 126:
-        return bytes((_FIN_TEXT, size)) + data
-    if size < 65536:
-        return _HEAD16(_FIN_TEXT, 126, size) + data
-    return _HEAD64(_FIN_TEXT, 127, size) + data
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,32 +178,20 @@ class FastWebSocket(asyncio.Protocol):
         closes it (1009, 1002)."""
         pos, size = 0, len(buf)
         max_size = self._max_message_bytes
-        while size - pos >= 2:
-            b0, b1 = buf[pos], buf[pos + 1]
-            length = b1 & 0x7F
-            head = 2
-            if length == 126:
-                if size - pos < 4:
-                    break
-                length = (buf[pos + 2] << 8) | buf[pos + 3]
-                head = 4
-            elif length == 127:
-                self._fast_rx = False  # over 64 KiB: never a message of ours
-                self._feed_protocol(buf[pos:])
-                return
-            if max_size is not None and length > max_size:
+        while True:
+            head, end = frame_extent(buf, pos, max_size)
+            if head == INCOMPLETE:
+                break
+            if head == HAND_OVER:
                 self._fast_rx = False
                 self._feed_protocol(buf[pos:])
                 return
-            if b1 & 0x80:
-                head += 4
-            end = pos + head + length
-            if end > size:
-                break
-            if b0 in (_FIN_TEXT, _FIN_BINARY) and b1 & 0x80 and self._proto_idle():
+            first = buf[pos]
+            if first in (FIN_TEXT, FIN_BINARY) and head > 4 and self._proto_idle():
+                # masked (a 2 or 4 byte header plus the key): the only valid client frame
                 payload = apply_mask(buf[pos + head : end], buf[pos + head - 4 : pos + head])
                 pos = end
-                self._deliver(b0 == _FIN_TEXT, payload)
+                self._deliver(first == FIN_TEXT, payload)
             else:
                 self._feed_protocol(buf[pos:end])
                 pos = end

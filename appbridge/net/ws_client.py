@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
-import struct
 import weakref
 from collections.abc import Callable, Mapping
 from typing import cast
@@ -25,54 +23,19 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover - every wheel we install ships the C extension
-    from websockets.utils import apply_mask
+from appbridge.net.ws_frames import (
+    FIN_BINARY,
+    FIN_TEXT,
+    HAND_OVER,
+    INCOMPLETE,
+    frame_extent,
+    masked_frame,
+)
 
 log = logging.getLogger(__name__)
 
-# RFC 6455 §5.3: every frame a client sends is masked with a fresh key "derived from a strong
-# source of entropy". Keys come from the OS's CSPRNG (os.urandom), 4 KiB at a time: one getrandom
-# call per 1024 frames instead of one per frame, the same unpredictability.
-_KEY_POOL_BYTES = 4096
-
-
-class _MaskKeys:
-    __slots__ = ("_pool", "_pos")
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._pos = _KEY_POOL_BYTES
-
-    def take(self) -> bytes:
-        pos = self._pos
-        if pos >= _KEY_POOL_BYTES:
-            self._pool = os.urandom(_KEY_POOL_BYTES)
-            pos = 0
-        self._pos = pos + 4
-        return self._pool[pos : pos + 4]
-
-
-_MASK_KEYS = _MaskKeys()
-_HEAD_16 = struct.Struct("!BBH")
-_HEAD_64 = struct.Struct("!BBQ")
-
-
-def masked_frame(opcode: int, data: bytes) -> bytes:
-    """One final, unfragmented, masked client frame (RFC 6455 §5.2), header and payload in one
-    buffer. No extension is ever negotiated on the app link, so RSV bits stay clear."""
-    first = 0x80 | opcode
-    length = len(data)
-    if length < 126:
-        head = bytes((first, 0x80 | length))
-    elif length < 65536:
-        head = _HEAD_16.pack(first, 0xFE, length)
-    else:
-        head = _HEAD_64.pack(first, 0xFF, length)
-    key = _MASK_KEYS.take()
-    return head + key + apply_mask(data, key)
-
+#: A handshake response head longer than this goes to websockets as it is, which refuses it.
+_MAX_RESPONSE_HEAD_BYTES = 16 * 1024
 
 # Every connection still open, so a shutting-down gateway can close them all (bounded) before
 # its event loop goes away.
@@ -113,6 +76,9 @@ class WsClient(asyncio.Protocol):
         self._fragment_opcode: Opcode | None = None
         self._closed_reported = False
         self._open = False  # the protocol is OPEN, as of the last call into it (_flush)
+        self._max_size = max_size
+        self._rx = b""  # the start of a frame not all here yet (fast path)
+        self._fast_rx = True  # frames are cut here until something only websockets handles
         self.handshake_status: int | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
@@ -124,9 +90,66 @@ class WsClient(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
+        if self._rx:
+            data = self._rx + data
+            self._rx = b""
+        if self._fast_rx and self._proto.state is State.CONNECTING:
+            # Only the response's head goes to websockets, so that its frame parser starts
+            # exactly at the first frame, whatever the server sends along with its 101.
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                if len(data) <= _MAX_RESPONSE_HEAD_BYTES:
+                    self._rx = data
+                    return
+                self._fast_rx = False  # websockets refuses a head this long
+            else:
+                self._feed_protocol(data[: end + 4])
+                data = data[end + 4 :]
+                if not data:
+                    return
+        if self._open and self._fast_rx:
+            self._receive_frames(data)
+        else:
+            self._fast_rx = False
+            self._feed_protocol(data)
+
+    def _feed_protocol(self, data: bytes) -> None:
         self._proto.receive_data(data)
         self._dispatch()
         self._flush()
+
+    def _receive_frames(self, buf: bytes) -> None:
+        """Whole, final, unmasked text and binary frames (the app's messages and audio) go to
+        the callbacks from here; every other frame goes to websockets whole, so its parser
+        stays at a frame boundary (``ws_frames``)."""
+        pos, size = 0, len(buf)
+        while True:
+            head, end = frame_extent(buf, pos, self._max_size)
+            if head == INCOMPLETE:
+                break
+            if head == HAND_OVER:
+                self._fast_rx = False
+                self._feed_protocol(buf[pos:])
+                return
+            first = buf[pos]
+            if first in (FIN_TEXT, FIN_BINARY) and head < 6 and self._fragment_opcode is None:
+                payload = buf[pos + head : end]  # unmasked: a 2 or 4 byte header
+                pos = end
+                if first == FIN_TEXT:
+                    self._on_text(payload)
+                else:
+                    self._on_binary(payload)
+            else:
+                self._feed_protocol(buf[pos:end])
+                pos = end
+            if not self._open:
+                # Closing, closed or failed: websockets takes whatever follows.
+                self._fast_rx = False
+                if pos < size:
+                    self._feed_protocol(buf[pos:])
+                return
+        if pos < size:
+            self._rx = buf[pos:]
 
     def eof_received(self) -> bool | None:
         self._proto.receive_eof()
