@@ -415,25 +415,30 @@ class TurnDetector:
         return 1.0
 
     def _deadline(self) -> tuple[float, str] | None:
-        """The earliest pending timer and what it does."""
-        pending: list[tuple[float, str]] = []
-        if self._phase is Phase.CANDIDATE and not self._speaking:
-            pending.append((self._last_speech + self._t.candidate_wait_s, "candidate"))
-        elif self._phase is Phase.TURN:
-            words = self._words_seen or not self._transcripts
-            if not words:
-                pending.append((self._started_at + self._t.abandon_s, "abandon"))
-            if not self._speaking:
-                wait = self.wait_s()
-                likely_at = self._last_speech + self.hold_s()
-                end_at = self._last_speech + wait
-                if words:
-                    if not self._likely_sent and likely_at < end_at - _EPS:
-                        pending.append((likely_at, "likely"))
-                    if not self._fresh_final and self._transcripts:
-                        end_at += self._t.final_wait_s
-                    pending.append((end_at, "end"))
-        return min(pending) if pending else None
+        """The earliest pending timer and what it does (ties go to the name first in
+        alphabetical order, as ``min`` over the pairs would). Runs twice per caller frame, so
+        the idle and speaking cases return before any arithmetic."""
+        phase = self._phase
+        if phase is Phase.IDLE:
+            return None
+        if phase is Phase.CANDIDATE:
+            if self._speaking:
+                return None
+            return (self._last_speech + self._t.candidate_wait_s, "candidate")
+        words = self._words_seen or not self._transcripts
+        best: tuple[float, str] | None = None
+        if not words:
+            best = (self._started_at + self._t.abandon_s, "abandon")
+        if not self._speaking and words:
+            end_at = self._last_speech + self.wait_s()
+            likely_at = self._last_speech + self.hold_s()
+            if not self._likely_sent and likely_at < end_at - _EPS:
+                best = (likely_at, "likely")
+            if not self._fresh_final and self._transcripts:
+                end_at += self._t.final_wait_s
+            if best is None or (end_at, "end") < best:
+                best = (end_at, "end")
+        return best
 
     def _fire_due(self, now: float) -> list[TurnEvent]:
         events: list[TurnEvent] = []
