@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from appbridge.testing.fake_app import FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
+from bench.lean_app import LeanSession
+from bench.lean_twilio import LeanTwilioCall
 from bench.measure import (
     FRAME_S,
     BurstOutcome,
@@ -23,6 +26,7 @@ from bench.measure import (
     burst_frames_lost,
     caller_jitter_ms,
     inbound_latencies_ms,
+    onset_latencies_flags_ms,
     onset_latencies_ms,
     playing_at,
 )
@@ -30,8 +34,9 @@ from bench.report import Summary, summarize
 from bench.sip_caller import SipCaller
 from bench.talker import AppScript
 
-#: A Twilio caller (the project's fake) or a SIP/RTP one (bench/sip_caller.py).
-Caller = FakeTwilioCall | SipCaller
+#: A Twilio caller (the project's fake or the lean one, bench/lean_twilio.py) or a SIP/RTP one
+#: (bench/sip_caller.py).
+Caller = FakeTwilioCall | LeanTwilioCall | SipCaller
 
 __all__ = ["Caller", "CallerFigures", "analyse_calls"]
 
@@ -145,7 +150,7 @@ def _expected_frames(script: AppScript, burst_index: int) -> int | None:
 
 def _media_received(call: Caller) -> list[tuple[float, int]]:
     """(arrival, audio bytes) per message of gateway audio that reached the caller."""
-    if isinstance(call, SipCaller):
+    if isinstance(call, SipCaller | LeanTwilioCall):
         return call.media_arrivals()
     media: list[tuple[float, int]] = []
     for t, msg in call.received:
@@ -158,9 +163,35 @@ def _media_received(call: Caller) -> list[tuple[float, int]]:
 
 def _media_sent_times(call: Caller) -> list[float]:
     """When the caller sent each 20 ms frame of its voice (or of silence)."""
-    if isinstance(call, SipCaller):
+    if isinstance(call, SipCaller | LeanTwilioCall):
         return call.sent_media_times()
     return [t for t, msg in call.sent if msg.get("event") == "media"]
+
+
+def _inbound_times(session: FakeSession | LeanSession) -> list[float]:
+    """Arrival of each binary frame of the caller's track at the app."""
+    if isinstance(session, LeanSession):
+        return [
+            t
+            for t, track in zip(session.audio_times, session.audio_tracks, strict=True)
+            if track == INBOUND_TRACK_ID
+        ]
+    return [
+        t
+        for t, frame in zip(session.audio_times, session.audio, strict=True)
+        if frame[:1] == bytes([INBOUND_TRACK_ID])
+    ]
+
+
+def _inbound_loudness(session: LeanSession) -> list[tuple[float, bool]]:
+    """(arrival, loud) per caller frame at a lean app that tracked loudness (SIP calls)."""
+    return [
+        (t, bool(loud))
+        for t, track, loud in zip(
+            session.audio_times, session.audio_tracks, session.audio_loud, strict=True
+        )
+        if track == INBOUND_TRACK_ID
+    ]
 
 
 def _analyse_one(
@@ -177,22 +208,23 @@ def _analyse_one(
     # Inbound: caller media sent -> the app's binary frame on the inbound track.
     sent = _media_sent_times(call)
     session = script.session
-    received = [
-        t
-        for t, frame in zip(session.audio_times, session.audio, strict=True)
-        if frame[:1] == bytes([INBOUND_TRACK_ID])
-    ]
+    received = _inbound_times(session)
     out.inbound_frames_sent += sum(1 for t in sent if t0 <= t < t1)
     out.inbound_frames_received += sum(1 for t in received if t0 <= t < t1)
     if isinstance(call, SipCaller):
         # Frames cannot be paired over SIP (the jitter buffer conceals and drops): measure from
         # each talkspurt's first packet to the first loud frame at the app instead.
-        frames = [
-            (t, frame[1:])
-            for t, frame in zip(session.audio_times, session.audio, strict=True)
-            if frame[:1] == bytes([INBOUND_TRACK_ID])
-        ]
-        out.inbound_latency_ms += onset_latencies_ms(call.onset_times, frames, window=window)
+        if isinstance(session, LeanSession):
+            flags = _inbound_loudness(session)
+            onsets = call.onset_times
+            out.inbound_latency_ms += onset_latencies_flags_ms(onsets, flags, window=window)
+        else:
+            frames = [
+                (t, frame[1:])
+                for t, frame in zip(session.audio_times, session.audio, strict=True)
+                if frame[:1] == bytes([INBOUND_TRACK_ID])
+            ]
+            out.inbound_latency_ms += onset_latencies_ms(call.onset_times, frames, window=window)
     else:
         latencies = inbound_latencies_ms(sent, received, window=window)
         if latencies is None:

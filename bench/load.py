@@ -282,6 +282,7 @@ async def run_step(
     calls: int, args: argparse.Namespace, out_dir: Path
 ) -> tuple[dict[str, Any], list[str]]:
     env = bench_env()
+    env["BENCH_PEERS"] = getattr(args, "peers", "lean")  # bench/worker.py PEERS_ENV
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")

@@ -32,6 +32,9 @@ __all__ = [
     "burst_frames_lost",
     "caller_jitter_ms",
     "inbound_latencies_ms",
+    "is_loud",
+    "onset_latencies_flags_ms",
+    "onset_latencies_ms",
     "playing_at",
 ]
 
@@ -121,6 +124,19 @@ def onset_latencies_ms(
     each tone's first packet; ``received`` is (arrival, PCM16 payload) per inbound frame at the
     app, sorted. An onset with no loud frame within ``max_wait_s`` is skipped.
     """
+    flags = [(t, is_loud(payload)) for t, payload in received]
+    return onset_latencies_flags_ms(onsets, flags, window=window, max_wait_s=max_wait_s)
+
+
+def onset_latencies_flags_ms(
+    onsets: Sequence[float],
+    received: Sequence[tuple[float, bool]],
+    *,
+    window: tuple[float, float] | None = None,
+    max_wait_s: float = 1.0,
+) -> list[float]:
+    """:func:`onset_latencies_ms` over (arrival, loud) per frame: the lean app
+    (bench/lean_app.py) decides loudness as each frame arrives and keeps no audio."""
     out: list[float] = []
     k = 0
     for onset in onsets:
@@ -130,7 +146,7 @@ def onset_latencies_ms(
             k += 1
         j = k
         while j < len(received) and received[j][0] <= onset + max_wait_s:
-            if is_loud(received[j][1]):
+            if received[j][1]:
                 out.append((received[j][0] - onset) * 1000.0)
                 break
             j += 1

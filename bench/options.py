@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="admission control: the gateway's server.max_calls is CAP and 150 %% of it is "
         "offered in one step; the refused calls are counted, the live ones must keep the bars",
     )
+    parser.add_argument(
+        "--peers",
+        choices=("lean", "classic"),
+        default="lean",
+        help="the generator's peers: lean (bench/lean_twilio.py, bench/lean_app.py: same wire, "
+        "about half the CPU) or classic (appbridge/testing's FakeTwilio and FakeApp; kept for one "
+        "release to compare); the soak always plays classic",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")

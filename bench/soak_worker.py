@@ -60,6 +60,9 @@ FREEZE_PERIOD_S = 1.0
 class SoakWorker(Worker):
     """A :class:`bench.worker.Worker` whose calls churn instead of being held once."""
 
+    #: The soak still plays the project's test peers (its slots drive FakeTwilio directly).
+    supported_peers = ("classic",)
+
     def __init__(self, index: int, **kw: str) -> None:
         super().__init__(index, **kw)
         self.rng = random.Random(2000 + index)
@@ -256,7 +259,7 @@ class SoakWorker(Worker):
         """Drop a finished call's recordings (the fakes keep every message otherwise)."""
         self.talker.scripts.pop(call_sid, None)
         with contextlib.suppress(ValueError):
-            self.app.sessions.remove(script.session)
+            self.app.sessions.remove(script.session)  # type: ignore[arg-type]
 
 
 async def _serve(index: int) -> None:

@@ -23,7 +23,12 @@ from typing import Any
 from appbridge.testing import audio as au
 from appbridge.testing.fake_app import FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
+from bench.lean_app import LeanSession
+from bench.lean_twilio import LeanTwilioCall
 from bench.sip_caller import SIP_CALLER_PREFIX, SipCaller
+
+#: The app side of a session: the project's fake or the lean peer (bench/lean_app.py).
+Session = FakeSession | LeanSession
 
 __all__ = ["AppScript", "Burst", "TalkingApp", "burst_kind", "caller_tone_ulaw", "drive_caller"]
 
@@ -60,7 +65,7 @@ class AppScript:
     """The record of one session: what was sent, and the session for what came back."""
 
     call_ref: str
-    session: FakeSession
+    session: Session
     started_at: float
     bursts: list[Burst] = field(default_factory=list)
 
@@ -98,8 +103,8 @@ class TalkingApp:
         self.audio_chunks = [pcm[i : i + chunk_bytes] for i in range(0, len(pcm), chunk_bytes)]
         self.audio_ms = round(1000 * len(pcm) / (2 * APP_RATE_HZ))
 
-    async def handle(self, session: FakeSession) -> None:
-        """The FakeApp ``handler``: wait for ``session.start``, then play bursts until closed."""
+    async def handle(self, session: Session) -> None:
+        """The app's ``handler``: wait for ``session.start``, then play bursts until closed."""
         start = await session.wait_for("session.start", timeout=30.0)
         now = time.monotonic()
         # A SIP call is found by its unique caller number, a Twilio call by its CallSid
@@ -153,14 +158,17 @@ def caller_tone_ulaw(ms: float) -> bytes:
     return au.ulaw_encode(au.tone_pcm16(CALLER_TONE_HZ, ms, 8000, amplitude=6000))
 
 
-async def drive_caller(call: FakeTwilioCall | SipCaller, tone_ulaw: bytes, period_s: float) -> None:
+async def drive_caller(
+    call: FakeTwilioCall | SipCaller | LeanTwilioCall, tone_ulaw: bytes, period_s: float
+) -> None:
     """Queue ``tone_ulaw`` every ``period_s``; continuous media fills the rest with silence.
 
     With a 1 s tone every 2 s the caller talks half of the time, as the issue asks. A SIP
-    caller's packets are sent by its worker's RTP ticker; this only hands it the tone.
+    caller's packets, and a lean Twilio caller's messages, are sent by its worker's ticker;
+    this only hands it the tone.
     """
     while not call.closed:
-        if isinstance(call, SipCaller):
+        if isinstance(call, SipCaller | LeanTwilioCall):
             call.talk(tone_ulaw)
         else:
             try:

@@ -4,7 +4,7 @@ Started by :mod:`bench.load` as ``python -m bench.worker INDEX`` (pinned to a co
 parent) and driven over stdin/stdout, one JSON object per line, request then answer:
 
 ===================  ==========================================================================
-``start`` (implied)  the worker starts its :class:`~appbridge.testing.FakeApp` (and, for worker 0,
+``start`` (implied)  the worker starts its app server (and, for worker 0,
                      the :class:`~appbridge.testing.FakeTwilioRest`) and answers with their URLs
 ``ramp``             place ``calls`` calls to ``to`` at ``rate`` per second; answer when they are
                      up (the app has ``session.start``) or after ``up_timeout`` seconds
@@ -17,6 +17,12 @@ parent) and driven over stdin/stdout, one JSON object per line, request then ans
 Several workers let the fakes use more than one core (bench/README.md, "Workers"). All of them
 and the parent read ``time.monotonic()``, which is CLOCK_MONOTONIC, one clock for the whole
 machine, so instants can be compared across processes.
+
+The peers are the lean ones by default (``BENCH_PEERS=lean``, set by ``bench.load --peers``):
+:class:`bench.lean_twilio.LeanTwilio` callers and :class:`bench.lean_app.LeanApp`, which put
+the same traffic on the wire for about half of the generator's CPU. ``BENCH_PEERS=classic`` keeps
+the project's test peers (``FakeTwilio``, ``FakeApp`` of appbridge/testing) for one release,
+to compare (bench/README.md, "Lean peers").
 """
 
 from __future__ import annotations
@@ -41,14 +47,33 @@ import httpx
 import appbridge.testing.fake_twilio as fake_twilio_module
 from appbridge.net.loop_watch import ENV_VAR, LoopStallWatch, threshold_from_env
 from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioRest
+from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.analysis import Caller, CallerFigures, analyse_calls
-from bench.sip_caller import SipCaller, SipCallError, SipEndpoint, sip_caller_number
+from bench.lean_app import LeanApp
+from bench.lean_twilio import LeanTwilio, LeanTwilioCall
+from bench.sip_caller import (
+    SIP_CALLER_PREFIX,
+    SipCaller,
+    SipCallError,
+    SipEndpoint,
+    sip_caller_number,
+)
 from bench.talker import AppScript, TalkingApp, caller_tone_ulaw, drive_caller
 
 CALLER_TONE_MS = 1000
 CALLER_PERIOD_S = 2.0
 CALLER_FROM = "+15550001111"
 WORKER_STALL_ENV = "BENCH_STALL_TRACE_MS"
+#: Which peers the worker plays: "lean" (bench/lean_*.py) or "classic" (appbridge/testing).
+PEERS_ENV = "BENCH_PEERS"
+PEERS = ("lean", "classic")
+#: Phases of the lean Twilio callers' 20 ms ticker (bench/lean_twilio.py TwilioTicker; 4).
+TWILIO_SLOTS_ENV = "BENCH_TWILIO_SLOTS"
+
+
+def is_sip_session(start: dict[str, Any]) -> bool:
+    """Whether a ``session.start`` belongs to a SIP call of the bench (its unique caller number)."""
+    return str(start.get("from")).startswith(SIP_CALLER_PREFIX)
 
 
 def self_cpu_s() -> float:
@@ -113,13 +138,33 @@ class Placed:
 
 
 class Worker:
-    def __init__(self, index: int, *, app_secret: str, twilio_token: str, account_sid: str):
+    #: The peers this kind of worker can play (the soak worker: classic only, for now).
+    supported_peers: tuple[str, ...] = PEERS
+
+    def __init__(
+        self,
+        index: int,
+        *,
+        app_secret: str,
+        twilio_token: str,
+        account_sid: str,
+        peers: str = "lean",
+    ):
+        if peers not in PEERS:
+            raise ValueError(f"{PEERS_ENV} must be one of {PEERS}, not {peers!r}")
         self.index = index
         self.account_sid = account_sid
         self.twilio_token = twilio_token
+        self.peers = peers if peers in self.supported_peers else "classic"
         self.talker = TalkingApp(seed=1000 + index)
-        self.app = FakeApp(secret=app_secret)
+        self.app: FakeApp | LeanApp
+        if self.peers == "lean":
+            self.app = LeanApp(secret=app_secret)
+            self.app.loudness_if = is_sip_session
+        else:
+            self.app = FakeApp(secret=app_secret)
         self.app.handler = self.talker.handle
+        self.lean: LeanTwilio | None = None
         self.rest = (
             FakeTwilioRest(account_sid=account_sid, auth_token=twilio_token) if index == 0 else None
         )
@@ -143,6 +188,7 @@ class Worker:
             "app_url": self.app.url,
             "rest_base_url": self.rest.base_url if self.rest is not None else None,
             "pid": os.getpid(),
+            "peers": self.peers,
             "affinity": sorted(os.sched_getaffinity(0)),
         }
 
@@ -165,13 +211,23 @@ class Worker:
         sip_share: float = 0.0,
     ) -> dict[str, Any]:
         await self.open_sip(sip, sip_share)
-        self.twilio = FakeTwilio(
-            base_url,
-            account_sid=self.account_sid,
-            auth_token=self.twilio_token,
-            rest=self.rest,
-            webhook_timeout_s=30.0,
-        )
+        if self.peers == "lean":
+            assert self.webhook_client is not None
+            self.lean = LeanTwilio(
+                base_url,
+                account_sid=self.account_sid,
+                auth_token=self.twilio_token,
+                client=self.webhook_client,
+                slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
+            )
+        else:
+            self.twilio = FakeTwilio(
+                base_url,
+                account_sid=self.account_sid,
+                auth_token=self.twilio_token,
+                rest=self.rest,
+                webhook_timeout_s=30.0,
+            )
         started = time.monotonic()
         tasks = []
         for i in range(calls):
@@ -246,6 +302,9 @@ class Worker:
         if self.twilio is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.twilio.aclose(), 30.0)
+        if self.lean is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.lean.aclose(), 30.0)
         if self.rest is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.rest.stop(), 10.0)
@@ -262,9 +321,13 @@ class Worker:
         if sip:
             await self._place_sip(slot, to)
             return
-        assert self.twilio is not None
         try:
-            call = await self.twilio.place_call(CALLER_FROM, to, continuous_media=True)
+            call: FakeTwilioCall | LeanTwilioCall
+            if self.lean is not None:
+                call = await self.lean.place_call(CALLER_FROM, to)
+            else:
+                assert self.twilio is not None
+                call = await self.twilio.place_call(CALLER_FROM, to, continuous_media=True)
         except Exception as exc:  # a refused webhook is a measurement, not a crash
             slot.error = f"{type(exc).__name__}: {exc}"
             return
@@ -346,6 +409,7 @@ def worker_from_env(cls: type[W], index: int) -> W:
         app_secret=os.environ["BENCH_APP_SECRET"],
         twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
+        peers=os.environ.get(PEERS_ENV) or "lean",
     )
 
 
