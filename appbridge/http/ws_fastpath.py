@@ -47,15 +47,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from appbridge.net.ws_frames import (
-    FIN_BINARY,
-    FIN_TEXT,
-    HAND_OVER,
-    INCOMPLETE,
-    apply_mask,
-    frame_extent,
-    text_frame,
-)
+from appbridge.net.ws_frames import FrameCutter, split_head, text_frame
 
 log = logging.getLogger(__name__)
 # websockets logs "connection open/closed" at INFO for every connection; only its warnings and
@@ -128,9 +120,17 @@ class FastWebSocket(asyncio.Protocol):
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._close_reported = False
-        self._max_message_bytes = max_message_bytes
-        self._rx = b""  # bytes of an incomplete request or frame
-        self._fast_rx = True  # frames are cut here until something only websockets handles
+        self._head = b""  # an opening handshake not all here yet
+        # Whole masked data frames are cut here (net/ws_frames.py), everything else is
+        # websockets'; the route gets each message in one synchronous call.
+        self._cutter = FrameCutter(
+            masked=True,
+            max_size=max_message_bytes,
+            deliver=self._deliver,
+            to_protocol=self._feed_protocol,
+            idle=self._proto_idle,
+            is_open=lambda: self.is_open,
+        )
         #: True from the 101 until either side starts the closing handshake.
         self.is_open = False
         self.client: tuple[str, int] | None = None
@@ -147,63 +147,31 @@ class FastWebSocket(asyncio.Protocol):
             self._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._rx:
-            data = self._rx + data
-            self._rx = b""
-        proto = self._proto
-        if proto.state is State.CONNECTING:
-            # Only the request goes to the protocol, so that its frame parser starts exactly at
-            # the first frame; a client may not send frames before our 101 (RFC 6455 §4.1), and
-            # any it sent anyway wait in _rx.
-            end = data.find(b"\r\n\r\n")
-            if end < 0 and len(data) <= _MAX_REQUEST_BYTES:
-                self._rx = data
-                return
-            head, data = (data[: end + 4], data[end + 4 :]) if end >= 0 else (data, b"")
-            self._feed_protocol(head)
-            if not data:
-                return
-        if self._fast_rx and self.is_open:
-            self._receive_frames(data)
-        else:
-            self._fast_rx = False
+        cutter = self._cutter
+        if cutter.enabled and self.is_open:
+            cutter.feed(data)  # the hot path
+            return
+        if not cutter.enabled:
             self._feed_protocol(data)
-
-    def _receive_frames(self, buf: bytes) -> None:
-        """The hot path: whole, masked, unfragmented text and binary frames (every Twilio
-        ``media`` message) are unmasked here and handed to the route at once. Any other frame
-        (ping, close, fragments, reserved bits, no mask) goes to websockets' parser whole, which
-        then stands exactly at the next frame, so both keep the same view of the stream. An
-        oversized or undecodable header hands the rest of the connection to websockets, which
-        closes it (1009, 1002)."""
-        pos, size = 0, len(buf)
-        max_size = self._max_message_bytes
-        while True:
-            head, end = frame_extent(buf, pos, max_size)
-            if head == INCOMPLETE:
-                break
-            if head == HAND_OVER:
-                self._fast_rx = False
-                self._feed_protocol(buf[pos:])
-                return
-            first = buf[pos]
-            if first in (FIN_TEXT, FIN_BINARY) and head > 4 and self._proto_idle():
-                # masked (a 2 or 4 byte header plus the key): the only valid client frame
-                payload = apply_mask(buf[pos + head : end], buf[pos + head - 4 : pos + head])
-                pos = end
-                self._deliver(first == FIN_TEXT, payload)
-            else:
-                self._feed_protocol(buf[pos:end])
-                pos = end
-            if not self.is_open:  # _flush keeps it in step with the protocol's state
-                # Closing (either side), failed or given up: websockets takes the rest, as it
-                # does the close handshake (a peer's close frame may follow in this buffer).
-                self._fast_rx = False
-                if pos < size:
-                    self._feed_protocol(buf[pos:])
-                return
-        if pos < size:
-            self._rx = buf[pos:]
+            return
+        if self._proto.state is not State.CONNECTING:
+            # Closing or failed: the cutter hands websockets the rest, the start of a frame it
+            # held included, and goes quiet.
+            cutter.feed(data)
+            return
+        # The opening handshake: only the request goes to websockets, so that its frame parser
+        # starts exactly at the first frame. A client may not send frames before our 101 (RFC
+        # 6455 §4.1); any it sent anyway wait for it (or go to websockets with a refusal).
+        data = self._head + data
+        split = split_head(data, _MAX_REQUEST_BYTES)
+        if split is None:
+            self._head = data
+            return
+        self._head = b""
+        head, data = split
+        self._feed_protocol(head)
+        if data:
+            cutter.feed(data)
 
     def _proto_idle(self) -> bool:
         """No fragmented message is open in websockets' parser (a whole frame must not cut in,

@@ -23,14 +23,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from appbridge.net.ws_frames import (
-    FIN_BINARY,
-    FIN_TEXT,
-    HAND_OVER,
-    INCOMPLETE,
-    frame_extent,
-    masked_frame,
-)
+from appbridge.net.ws_frames import FrameCutter, masked_frame, split_head
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +69,17 @@ class WsClient(asyncio.Protocol):
         self._fragment_opcode: Opcode | None = None
         self._closed_reported = False
         self._open = False  # the protocol is OPEN, as of the last call into it (_flush)
-        self._max_size = max_size
-        self._rx = b""  # the start of a frame not all here yet (fast path)
-        self._fast_rx = True  # frames are cut here until something only websockets handles
+        self._head = b""  # a handshake response not all here yet
+        # Whole unmasked data frames are cut here (net/ws_frames.py), everything else is
+        # websockets'.
+        self._cutter = FrameCutter(
+            masked=False,
+            max_size=max_size,
+            deliver=self._deliver,
+            to_protocol=self._feed_protocol,
+            idle=lambda: self._fragment_opcode is None,
+            is_open=lambda: self._open,
+        )
         self.handshake_status: int | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
@@ -90,66 +91,41 @@ class WsClient(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
-        if self._rx:
-            data = self._rx + data
-            self._rx = b""
-        if self._fast_rx and self._proto.state is State.CONNECTING:
-            # Only the response's head goes to websockets, so that its frame parser starts
-            # exactly at the first frame, whatever the server sends along with its 101.
-            end = data.find(b"\r\n\r\n")
-            if end < 0:
-                if len(data) <= _MAX_RESPONSE_HEAD_BYTES:
-                    self._rx = data
-                    return
-                self._fast_rx = False  # websockets refuses a head this long
-            else:
-                self._feed_protocol(data[: end + 4])
-                data = data[end + 4 :]
-                if not data:
-                    return
-        if self._open and self._fast_rx:
-            self._receive_frames(data)
-        else:
-            self._fast_rx = False
+        cutter = self._cutter
+        if cutter.enabled and self._open:
+            cutter.feed(data)  # the hot path
+            return
+        if not cutter.enabled:
             self._feed_protocol(data)
+            return
+        if self._proto.state is not State.CONNECTING:
+            # Closing or failed: the cutter hands websockets the rest, the start of a frame it
+            # held included, and goes quiet.
+            cutter.feed(data)
+            return
+        # The opening handshake: only the response's head goes to websockets, so that its frame
+        # parser starts exactly at the first frame, whatever the server sent along with its 101.
+        data = self._head + data
+        split = split_head(data, _MAX_RESPONSE_HEAD_BYTES)
+        if split is None:
+            self._head = data
+            return
+        self._head = b""
+        head, data = split
+        self._feed_protocol(head)
+        if data:
+            cutter.feed(data)
 
     def _feed_protocol(self, data: bytes) -> None:
         self._proto.receive_data(data)
         self._dispatch()
         self._flush()
 
-    def _receive_frames(self, buf: bytes) -> None:
-        """Whole, final, unmasked text and binary frames (the app's messages and audio) go to
-        the callbacks from here; every other frame goes to websockets whole, so its parser
-        stays at a frame boundary (``ws_frames``)."""
-        pos, size = 0, len(buf)
-        while True:
-            head, end = frame_extent(buf, pos, self._max_size)
-            if head == INCOMPLETE:
-                break
-            if head == HAND_OVER:
-                self._fast_rx = False
-                self._feed_protocol(buf[pos:])
-                return
-            first = buf[pos]
-            if first in (FIN_TEXT, FIN_BINARY) and head < 6 and self._fragment_opcode is None:
-                payload = buf[pos + head : end]  # unmasked: a 2 or 4 byte header
-                pos = end
-                if first == FIN_TEXT:
-                    self._on_text(payload)
-                else:
-                    self._on_binary(payload)
-            else:
-                self._feed_protocol(buf[pos:end])
-                pos = end
-            if not self._open:
-                # Closing, closed or failed: websockets takes whatever follows.
-                self._fast_rx = False
-                if pos < size:
-                    self._feed_protocol(buf[pos:])
-                return
-        if pos < size:
-            self._rx = buf[pos:]
+    def _deliver(self, text: bool, payload: bytes) -> None:
+        if text:
+            self._on_text(payload)
+        else:
+            self._on_binary(payload)
 
     def eof_received(self) -> bool | None:
         self._proto.receive_eof()

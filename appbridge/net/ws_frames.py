@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import Final
 
 try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
@@ -33,9 +34,11 @@ __all__ = [
     "FIN_TEXT",
     "HAND_OVER",
     "INCOMPLETE",
+    "FrameCutter",
     "apply_mask",
     "frame_extent",
     "masked_frame",
+    "split_head",
     "text_frame",
 ]
 
@@ -122,3 +125,96 @@ def frame_extent(buf: bytes, pos: int, max_size: int | None) -> tuple[int, int]:
     if end > size:
         return INCOMPLETE, 0
     return head, end
+
+
+def split_head(data: bytes, limit_bytes: int) -> tuple[bytes, bytes] | None:
+    """The opening handshake's HTTP head (through its blank line) and the bytes after it; None
+    while the head is incomplete and under ``limit_bytes``. A longer head comes back whole, for
+    websockets to refuse. Feeding websockets only the head leaves its frame parser at the first
+    frame, whatever the peer sent along."""
+    end = data.find(b"\r\n\r\n")
+    if end >= 0:
+        return data[: end + 4], data[end + 4 :]
+    if len(data) <= limit_bytes:
+        return None
+    return data, b""
+
+
+class FrameCutter:
+    """Cuts the whole, final data frames of one direction of a connection off the byte stream
+    and hands every other frame to websockets whole (module doc).
+
+    ``masked``: the frames this side receives are masked (a server's view). ``deliver(text,
+    payload)`` gets each cut message; ``to_protocol(data)`` feeds websockets; ``idle()`` says no
+    fragmented message is open (a whole message must not cut into one, RFC 6455 §5.4);
+    ``is_open()`` says the connection is still OPEN after each frame. Once anything only
+    websockets can follow happens (a 64-bit length, an oversized frame, the closing handshake),
+    :attr:`enabled` goes False and the owner feeds websockets directly from then on.
+    """
+
+    __slots__ = (
+        "_deliver",
+        "_idle",
+        "_is_open",
+        "_masked",
+        "_max_size",
+        "_pending",
+        "_to_proto",
+        "enabled",
+    )
+
+    def __init__(
+        self,
+        *,
+        masked: bool,
+        max_size: int | None,
+        deliver: Callable[[bool, bytes], None],
+        to_protocol: Callable[[bytes], None],
+        idle: Callable[[], bool],
+        is_open: Callable[[], bool],
+    ) -> None:
+        self._masked = masked
+        self._max_size = max_size
+        self._deliver = deliver
+        self._to_proto = to_protocol
+        self._idle = idle
+        self._is_open = is_open
+        self._pending = b""  # the start of a frame not all here yet
+        self.enabled = True
+
+    def feed(self, data: bytes) -> None:
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        pos, size = 0, len(data)
+        masked = self._masked
+        while True:
+            head, end = frame_extent(data, pos, self._max_size)
+            if head == INCOMPLETE:
+                break
+            if head == HAND_OVER:
+                self._hand_over(data[pos:])
+                return
+            first = data[pos]
+            # A 2 or 4 byte header, plus 4 for a masking key: the mask bit must match the side.
+            if first in (FIN_TEXT, FIN_BINARY) and (head > 4) == masked and self._idle():
+                payload = data[pos + head : end]
+                if masked:
+                    payload = apply_mask(payload, data[pos + head - 4 : pos + head])
+                pos = end
+                self._deliver(first == FIN_TEXT, payload)
+            else:
+                self._to_proto(data[pos:end])
+                pos = end
+            if not self._is_open():
+                # Closing (either side), failed or given up: websockets takes the rest, as it
+                # runs the close handshake (the peer's close frame may follow in this buffer).
+                self._hand_over(data[pos:])
+                return
+        if pos < size:
+            self._pending = data[pos:]
+
+    def _hand_over(self, rest: bytes) -> None:
+        self.enabled = False
+        if rest:
+            self._to_proto(rest)

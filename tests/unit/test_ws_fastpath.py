@@ -611,3 +611,17 @@ def test_a_handler_that_closes_mid_buffer_gets_nothing_more_and_the_close_handsh
     assert closes == [1000]
     pair.to_server()  # the client's close reply
     assert pair.transport.closed
+
+
+def test_a_frame_cut_across_reads_while_we_close_still_reaches_websockets_whole() -> None:
+    pair = make_pair()
+    pair.to_client()
+    pair.client.send_text(b"x" * 200)
+    pair.client.send_close(1000, "bye")  # the client's own close follows its last message
+    wire = client_bytes(pair)
+    pair.server.data_received(wire[:50])  # the message's first 50 bytes wait in the cutter
+    pair.server.close(1000, "done")  # meanwhile we start the closing handshake
+    pair.server.data_received(wire[50:])
+    assert pair.handler.texts == []  # nothing is delivered once the handshake began
+    assert pair.transport.closed  # websockets read both frames in step: the close completed
+    assert pair.handler.closes == [1000]
