@@ -216,8 +216,30 @@ class Call:
             return True
         return False
 
+    def _sync_ears(self) -> None:
+        """VAD, turn detector and STT run for fonoster apps only: the Twilio dialect carries no
+        turn or transcript events (seed 004, "Twilio protocol": no Speech layer), and the
+        gateway never acts on caller speech by itself ("Interruptions"), so for a Twilio-dialect
+        app they would only burn CPU (a local STT per call, about 7 % of a core each)."""
+        leg = self.leg
+        if leg is None:
+            return
+        wanted = self.app.protocol == "fonoster"
+        if wanted and self.ears is None:
+            self.ears = Ears(
+                self,
+                self.gw.stt_for(self.app.speech.voice, self.app.speech.stt),
+                leg.audio_format,
+                language=self.app.speech.language,
+            )
+            self.ears.open()
+        elif not wanted and self.ears is not None:
+            ears, self.ears = self.ears, None
+            self.spawn(ears.close(), "ears-close")
+
     def _use_app(self, app: AppConfig) -> None:
         self.app = app
+        self._sync_ears()
         fmt = session_format_for(app)
         if fmt != self.session_format:
             self.session_format = fmt
@@ -236,13 +258,7 @@ class Call:
         self.queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
         self.commands.on_queue_ready(self.queue, fmt)
         self._build_converters(fmt)
-        self.ears = Ears(
-            self,
-            self.gw.stt_for(self.app.speech.voice, self.app.speech.stt),
-            fmt,
-            language=self.app.speech.language,
-        )
-        self.ears.open()
+        self._sync_ears()
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
         if self.link is not None:

@@ -305,3 +305,19 @@ async def test_a_twilio_dialect_listener_is_read_only() -> None:
             assert tracks == {"inbound", "outbound"}
             assert call.clears_received == 0
             assert all(isinstance(f, str) for f in lsession.frames)
+
+
+async def test_no_vad_turns_or_stt_run_for_a_twilio_dialect_app() -> None:
+    """The dialect has no turn or transcript messages (seed 004, "Twilio protocol"), so the
+    gateway hears nothing for it: no VAD, no turn detector, no STT stream (a local STT costs
+    several % of a core per call)."""
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        await call.send_audio_ulaw(ulaw_encode(tone_pcm16(800, 1000, 8000)))
+        await session.wait_for("media", n=40)
+        (live,) = list(env.gw.registry)
+        assert live.app.protocol == "twilio"
+        assert live.ears is None
+        assert not [m for m in session.messages if str(m.get("event", "")).startswith("turn")]
