@@ -30,6 +30,7 @@ from bench.measure import (
     onset_latencies_ms,
     playing_at,
 )
+from bench.pipecat_app import TwilioAppSession
 from bench.report import Summary, summarize
 from bench.sip_caller import SipCaller
 from bench.talker import AppScript
@@ -73,6 +74,9 @@ class CallerFigures:
     sip_speak_bursts_unmeasured: int = 0  # frames lost is not measurable there (see below)
     calls_with_silent_bursts: int = 0
     marks_missing: int = 0
+    marks_sent: int = 0  # by the apps, one per burst measured
+    marks_echoed: int = 0  # of those, how many came back (played, or on clear)
+    marks_duplicated: int = 0  # echoes of a mark already echoed
     done_missing: int = 0
     gateway_errors: dict[str, int] = field(default_factory=dict)
     caller_protocol_errors: int = 0
@@ -130,6 +134,9 @@ class CallerFigures:
             sip_speak_bursts_unmeasured=self.sip_speak_bursts_unmeasured,
             calls_with_silent_bursts=self.calls_with_silent_bursts,
             marks_missing=self.marks_missing,
+            marks_sent=self.marks_sent,
+            marks_echoed=self.marks_echoed,
+            marks_duplicated=self.marks_duplicated,
             output_done_missing=self.done_missing,
             gateway_errors=dict(self.gateway_errors),
             caller_protocol_errors=self.caller_protocol_errors,
@@ -194,6 +201,24 @@ def _inbound_loudness(session: LeanSession) -> list[tuple[float, bool]]:
     ]
 
 
+def _marks_echoed(script: AppScript) -> tuple[dict[str, dict[str, Any]], int]:
+    """The mark echoes the app received by name, and how many repeated a name.
+
+    Fonoster: ``{"type":"mark","name":…,"cleared":…}`` (seed 004). Twilio dialect:
+    ``{"event":"mark","mark":{"name":…}}`` (reference/twilio.md), with no ``cleared`` flag: the
+    echo of a played mark and of a cleared one look alike there.
+    """
+    marks: dict[str, dict[str, Any]] = {}
+    duplicated = 0
+    for _, msg in script.events("mark"):
+        body = msg.get("mark")
+        name = str(body.get("name") if isinstance(body, dict) else msg.get("name"))
+        if name in marks:
+            duplicated += 1
+        marks[name] = msg
+    return marks, duplicated
+
+
 def _analyse_one(
     call: Caller, script: AppScript, window: tuple[float, float], out: CallerFigures
 ) -> None:
@@ -201,7 +226,10 @@ def _analyse_one(
     media = _media_received(call)
     # RTP is continuous (silence when idle): its pacing is every packet's, audio or not.
     paced = call.recv_times if isinstance(call, SipCaller) else [t for t, _ in media]
-    out.jitter_ms += caller_jitter_ms([t for t in paced if t0 <= t < t1])
+    # A Pipecat-style app streams its bursts in at 2x real time: the pacer builds its lead
+    # over a few ticks instead of one (bench/measure.py caller_jitter_ms).
+    streamed = isinstance(script.session, TwilioAppSession)
+    out.jitter_ms += caller_jitter_ms([t for t in paced if t0 <= t < t1], lead_building=streamed)
     out.caller_protocol_errors += len(call.protocol_errors)
     out.app_protocol_errors += len(script.session.protocol_errors)
 
@@ -236,7 +264,8 @@ def _analyse_one(
         code = str(msg.get("code"))
         out.gateway_errors[code] = out.gateway_errors.get(code, 0) + 1
 
-    marks = {str(m.get("name")): m for _, m in script.events("mark")}
+    marks, duplicated = _marks_echoed(script)
+    out.marks_duplicated += duplicated
     heard = call.heard_frames()
     bursts = script.bursts
     outcomes: list[BurstOutcome] = []
@@ -246,6 +275,8 @@ def _analyse_one(
             continue
         out.bursts_measured += 1
         mark = marks.get(burst.mark_name)
+        out.marks_sent += 1
+        out.marks_echoed += 0 if mark is None else 1
         if burst.clear_at is not None:
             out.clears_sent += 1
             # Seed 004 via INTERFACES §6: the gateway passes a clear on to Twilio.
@@ -260,7 +291,8 @@ def _analyse_one(
             if mark is None:
                 out.marks_missing += 1
             continue
-        if mark is None or mark.get("cleared") is not False:
+        # A fonoster echo must say the mark was played; a Twilio-dialect one cannot say.
+        if mark is None or ("event" not in mark and mark.get("cleared") is not False):
             out.marks_missing += 1
         if burst.kind == "speak" and isinstance(call, SipCaller):
             # RTP never stops (silence when idle), so a frame of eSpeak's own digital silence

@@ -1,9 +1,10 @@
 """The gateway under test, run as a separate process pinned to one core.
 
 ``appbridge serve --config FILE`` (INTERFACES §2) with a configuration written for the run: the
-Twilio carrier pointed at the fake REST API, one fonoster app (pcm16 16 kHz) at the fake app,
-every number routed to it. Secrets go through ``${NAME}`` environment references, as an operator
-would write them (docs/configuration.md, "General rules").
+Twilio carrier pointed at the fake REST API, one app per worker (fonoster, pcm16 16 kHz; or a
+Twilio-dialect app with ``--dialect twilio``), every number routed to one. Secrets go through
+``${NAME}`` environment references, as an operator would write them (docs/configuration.md,
+"General rules").
 
 The child is pinned with ``sched_setaffinity`` before it executes the gateway, so every thread it
 starts later (the eSpeak worker included) inherits the core, and it is told to die with its parent
@@ -107,6 +108,12 @@ class GatewaySpec:
     #: The gateway's SIP listener (UDP on 127.0.0.1) and RTP port range; None: no ``[sip]``.
     sip_port: int | None = None
     rtp_ports: tuple[int, int] = (20000, 20399)
+    #: The apps' protocol: "fonoster" (pcm16 16 kHz, local speech) or "twilio" (Media Streams,
+    #: µ-law 8 kHz, no ``audio`` or ``speech``; ``workspace_ref`` = the bench's AccountSid).
+    dialect: str = "fonoster"
+    #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as INTERFACES
+    #: §4 has it; "none" works around the gateway listening (STT, turns) for apps whose
+    #: dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
 
     @property
     def base_url(self) -> str:
@@ -133,16 +140,25 @@ account_sid = "{spec.account_sid}"
 auth_token = "${{BENCH_TWILIO_TOKEN}}"
 api_base = "{spec.rest_base_url}"
 """
+    if spec.dialect == "twilio":
+        # INTERFACES §4: a twilio app has no ``audio`` (always µ-law 8 kHz) and no speech; its
+        # workspace_ref is the AccountSid its calls' ``start`` carries (INTERFACES §7).
+        body = f'protocol = "twilio"\nworkspace_ref = "{spec.account_sid}"\n'
+    elif spec.dialect == "fonoster":
+        body = (
+            'protocol = "fonoster"\n'
+            'speech = { voice = "local/en-US", language = "en-US", stt = "none" }\n'
+            'audio = { codec = "pcm16", rate = 16000 }\n'
+        )
+    else:
+        raise ValueError(f"unknown dialect {spec.dialect!r}")
     apps = [
         f"""
 [[apps]]
 ref = "bench-{k}"
 url = "{url}"
-protocol = "fonoster"
 signing_secret = "${{BENCH_APP_SECRET}}"
-speech = {{ voice = "local/en-US", language = "en-US", stt = "none" }}
-audio = {{ codec = "pcm16", rate = 16000 }}
-"""
+{body}"""
         for k, url in enumerate(spec.app_urls)
     ]
     numbers = [

@@ -143,9 +143,7 @@ class LeanSession(asyncio.Protocol):
             return
         for opcode, payload in frames:
             if opcode == OP_BINARY:
-                self.audio_times.append(now)
-                self.audio_tracks.append(payload[0] if payload else 0)
-                self.audio_loud.append(1 if self.track_loudness and frame_is_loud(payload) else 0)
+                self._on_binary(payload, now)
             elif opcode == OP_TEXT:
                 self._on_text(payload, now)
             elif opcode == OP_PING:
@@ -159,6 +157,12 @@ class LeanSession(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._set_closed()
+
+    def _on_binary(self, payload: bytes, now: float) -> None:
+        """A session audio frame (seed 004 "Audio"): arrival, track id byte, loud or not."""
+        self.audio_times.append(now)
+        self.audio_tracks.append(payload[0] if payload else 0)
+        self.audio_loud.append(1 if self.track_loudness and frame_is_loud(payload) else 0)
 
     # -- handshake --------------------------------------------------------------------------
     def _handshake(self, data: bytes) -> None:
@@ -307,8 +311,12 @@ class LeanApp:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: LeanSession(self), self.host, self.port)
+        self._server = await loop.create_server(self.new_session, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    def new_session(self) -> LeanSession:
+        """The protocol of one accepted connection (the Twilio-dialect app overrides it)."""
+        return LeanSession(self)
 
     async def run_handler(self, session: LeanSession) -> None:
         assert self.handler is not None

@@ -6,7 +6,8 @@ Usage: ``python -m bench.load [--calls 50,200,400] [--hold 30] [--workers 1]``
 Each step of the ramp gets a fresh gateway, run as its own process (``appbridge serve``) pinned
 to one core, and fresh load-generator workers (:mod:`bench.worker`) pinned to the others: they
 play Twilio (callers placing calls through ``POST /twilio/voice`` and the Media Stream, and the
-REST API) and the fonoster apps, with the project's test peers (appbridge/testing). Once every
+REST API) and the apps: fonoster ones, or with ``--dialect twilio`` Pipecat-style Twilio Media
+Streams ones (bench/pipecat_app.py), on the lean peers (``--peers``). Once every
 call of the step is up the calls are held for ``--hold`` seconds; every figure of the table is
 measured over that window only; then the callers hang up and the gateway is stopped. This
 process only orchestrates and samples /proc and ``/metrics``. Method and figures:
@@ -18,13 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import platform
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,13 +45,12 @@ from bench.gateway_proc import (
     render_config,
     worker_number,
 )
+from bench.machine import _core_shares, _cpu_times, _git_commit, _machine, _tree_diff
 from bench.options import build_parser
 from bench.report import (
-    CpuTimes,
     bound_cell,
     format_table,
     histogram_delta,
-    parse_cpu_times,
     parse_histogram,
     parse_metric,
 )
@@ -88,62 +85,7 @@ HEADERS = (
 )
 
 
-# ---------------------------------------------------------------------- machine facts
-def _git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-
-    try:
-        sha = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
-
-
-def _tree_diff() -> dict[str, Any]:
-    """Which uncommitted edits the gateway ran with: ``git diff HEAD`` by file, and its hash
-    (the tree changes under a shared checkout; two runs compare only when these match)."""
-    try:
-        diff = subprocess.run(
-            ["git", "diff", "HEAD"], cwd=REPO, capture_output=True, timeout=30, check=True
-        ).stdout
-        files = subprocess.run(
-            ["git", "status", "--porcelain", "--", "appbridge"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {"sha256": hashlib.sha256(diff).hexdigest()[:16], "appbridge_changes": files}
-
-
-def _machine() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "memory_mb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20,
-        "loadavg": os.getloadavg(),
-    }
-
-
-def _cpu_times() -> dict[int, CpuTimes]:
-    return parse_cpu_times(Path("/proc/stat").read_text())
-
-
+# ---------------------------------------------------------------------- the gateway
 def _gateway_executable() -> str:
     local = Path(sys.executable).with_name("appbridge")
     if local.exists():
@@ -152,6 +94,16 @@ def _gateway_executable() -> str:
     if found is None:
         raise SystemExit("bench: the appbridge console script is not installed (make install)")
     return found
+
+
+def dialect_line(args: argparse.Namespace) -> str:
+    """What the apps are and how the calls arrive, for the lines above the table."""
+    if args.dialect == "twilio":
+        return (
+            "dialect twilio: Twilio-ingress callers only, Pipecat-style Media Streams apps "
+            "sending at 2x real time"
+        )
+    return f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz)"
 
 
 def _cell(summary: dict[str, Any]) -> str:
@@ -263,6 +215,7 @@ async def start_gateway(
         max_calls=args.overload if args.overload else max(1000, 2 * calls),
         sip_port=free_loopback_udp_port() if args.sip_share > 0 else None,
         rtp_ports=free_rtp_range(calls),
+        dialect=args.dialect,
     )
     config_path = out_dir / f"{name}.toml"
     config_path.write_text(render_config(spec))
@@ -283,6 +236,7 @@ async def run_step(
 ) -> tuple[dict[str, Any], list[str]]:
     env = bench_env()
     env["BENCH_PEERS"] = getattr(args, "peers", "lean")  # bench/worker.py PEERS_ENV
+    env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
@@ -386,6 +340,7 @@ async def _measure(
     data: dict[str, Any] = {
         "offered": calls,
         "offered_sip_share": args.sip_share,
+        "dialect": args.dialect,
         "max_calls": spec.max_calls,
         "refused": sum(int(r.get("refused", 0)) for r in ramps),
         "refused_sip": sum(int(r.get("refused_sip", 0)) for r in ramps),
@@ -455,34 +410,6 @@ async def _measure(
     return data, row
 
 
-def _core_shares(
-    before: dict[int, CpuTimes],
-    after: dict[int, CpuTimes],
-    window_s: float,
-    gateway_cpu: int | None,
-    gateway_pct: float,
-    workers: list[WorkerProc],
-    worker_pct: list[float],
-) -> dict[int, dict[str, float]]:
-    """Per core: busy and steal %, and how much of it was the gateway, the generator, others."""
-    out: dict[int, dict[str, float]] = {}
-    for cpu, end in after.items():
-        if cpu not in before:
-            continue
-        delta = end.minus(before[cpu])
-        busy_pct = 100.0 * delta.busy / CLOCK_TICKS_PER_S / window_s
-        gw = gateway_pct if cpu == gateway_cpu else 0.0
-        gen = sum(p for w, p in zip(workers, worker_pct, strict=True) if w.cpu == cpu)
-        out[cpu] = {
-            "busy_pct": round(busy_pct, 1),
-            "steal_pct": round(100.0 * delta.steal / CLOCK_TICKS_PER_S / window_s, 1),
-            "gateway_pct": round(gw, 1),
-            "generator_pct": round(gen, 1),
-            "others_pct": round(max(0.0, busy_pct - gw - gen), 1),
-        }
-    return out
-
-
 # ---------------------------------------------------------------------- the run
 async def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
@@ -499,7 +426,7 @@ async def run(args: argparse.Namespace) -> int:
     print(
         f"bench: commit {report['commit']}, {machine['cpu_model']} x {machine['cpus']}; gateway "
         f"({args.gateway_loop}) on CPU {args.gateway_cpu}, {args.workers} worker(s) on "
-        f"{args.load_cpus}; hold {args.hold:g} s",
+        f"{args.load_cpus}; hold {args.hold:g} s; {dialect_line(args)}",
         flush=True,
     )
     rows: list[list[str]] = []
@@ -520,8 +447,9 @@ async def run(args: argparse.Namespace) -> int:
             f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
             f"bursts with no audio at all {data['bursts_silent']} (in "
             f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
-            f"{data['lost_by_kind']} of {data['expected_by_kind']}; app errors "
-            f"{data['gateway_errors'] or 'none'}; core use {data['cores']}",
+            f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
+            f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
+            f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
             flush=True,
         )
         print(
@@ -537,6 +465,7 @@ async def run(args: argparse.Namespace) -> int:
         if data["held"] == 0:
             print(f"bench: no call was answered; see {out_dir}/gateway-{calls}.log", flush=True)
     print()
+    print(dialect_line(args))
     print(format_table(HEADERS, rows))
     ran = [s for s in report["steps"] if "error" not in s]
     for step in ran:
@@ -580,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.sip_share <= 1.0:
         print("bench: --sip-share must be within 0-1", file=sys.stderr)
         return 2
+    if args.dialect == "twilio":
+        args.sip_share = 0.0  # the Twilio dialect alone: every call Twilio-ingress
     if not 0 < args.hold <= 3600 or args.ramp_rate <= 0 or not 1 <= args.workers <= 64:
         print(
             "bench: --hold must be in (0, 3600], --ramp-rate > 0, --workers 1-64", file=sys.stderr

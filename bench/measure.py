@@ -45,28 +45,47 @@ FRAME_BYTES = 160
 RUN_GAP_S = 0.25
 
 
+#: With ``lead_building``, the longest a run's lead may take to build before gaps count anyway.
+MAX_LEAD_ARRIVALS = 10
+
+
 def caller_jitter_ms(
     arrivals: Sequence[float],
     *,
     frame_s: float = FRAME_S,
     skip_per_run: int = 3,
     run_gap_s: float = RUN_GAP_S,
+    lead_building: bool = False,
 ) -> list[float]:
     """|gap - 20 ms| in ms for each steady-state gap between consecutive media arrivals.
 
     ``arrivals`` are sorted arrival times. A run is a stretch without a gap above ``run_gap_s``;
     its first ``skip_per_run`` arrivals (the pacer's lead, sent in one tick) open no gap.
+
+    ``lead_building``: the app streams its audio in (a Pipecat-style app at 2x real time,
+    bench/pipecat_app.py) rather than queueing a burst at once, so the gateway's pacer
+    (appbridge/media/pacing.py) fills its lead over several ticks, sending two frames in a tick
+    while it catches up. Those 0 ms gaps are the lead being built, not jitter the caller hears
+    (Twilio buffers what is ahead): gaps count only once the run is ``skip_per_run - 1`` frames
+    ahead of one frame per 20 ms since its first arrival, or after :data:`MAX_LEAD_ARRIVALS`
+    arrivals whatever the lead (so a run that never builds one is still measured). When the
+    lead comes in one tick this is the same as the plain rule.
     """
     out: list[float] = []
     in_run = 0
+    run_start = 0.0
+    steady = False
     previous: float | None = None
     for t in arrivals:
         if previous is None or t - previous > run_gap_s:
-            in_run = 1
+            in_run, run_start, steady = 1, t, False
         else:
             in_run += 1
-            if in_run > skip_per_run:
+            if in_run > skip_per_run and (steady or not lead_building):
                 out.append(abs((t - previous) - frame_s) * 1000.0)
+        if lead_building and not steady and in_run >= skip_per_run:
+            ahead = in_run - 1 - round((t - run_start) / frame_s)
+            steady = ahead >= skip_per_run - 1 or in_run >= MAX_LEAD_ARRIVALS
         previous = t
     return out
 

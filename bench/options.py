@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         "0 for the Twilio dialect alone)",
     )
     parser.add_argument(
+        "--dialect",
+        choices=("fonoster", "twilio"),
+        default="fonoster",
+        help="the apps' protocol: fonoster (issue 7's mix) or twilio (the Twilio dialect alone: "
+        "every call Twilio-ingress, so --sip-share 0, against Pipecat-style Media Streams apps "
+        "sending at 2x real time; bench/pipecat_app.py)",
+    )
+    parser.add_argument(
         "--overload",
         type=int,
         default=None,
@@ -87,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="lean",
         help="the generator's peers: lean (bench/lean_twilio.py, bench/lean_app.py: same wire, "
         "about half the CPU) or classic (appbridge/testing's FakeTwilio and FakeApp; kept for one "
-        "release to compare); the soak always plays classic",
+        "release to compare); with --dialect twilio the app is always the lean one",
     )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")

@@ -2,7 +2,8 @@
 
 Issue 7: "A soak of 10 minutes at 80 % of capacity. Memory, file descriptors and task counts
 must stay flat; report the slope." One gateway process (pinned as in :mod:`bench.load`) carries
-``--calls`` calls (120 by default) from :mod:`bench.soak_worker` processes; each call lives 60-120 s
+``--calls`` calls (120 by default) from :mod:`bench.soak_worker` processes (the lean peers, as
+the ramp, unless ``--peers classic``; ``--dialect`` as the ramp); each call lives 60-120 s
 and is then replaced, so set-up and tear-down run all along. Every ``SAMPLE_PERIOD_S`` the
 orchestrator reads the gateway's ``VmRSS`` and ``Threads`` (``/proc/<pid>/status``), its open
 file descriptors (entries of ``/proc/<pid>/fd``) and, from ``/metrics``, ``appbridge_calls_live``
@@ -48,15 +49,12 @@ from bench.load import (
     GENERATOR_CPU_LIMIT_PCT,
     LATENESS_METRIC,
     WorkerProc,
-    _core_shares,
-    _cpu_times,
-    _git_commit,
-    _machine,
     _split,
-    _tree_diff,
     bench_env,
+    dialect_line,
     start_gateway,
 )
+from bench.machine import _core_shares, _cpu_times, _git_commit, _machine, _tree_diff
 from bench.report import (
     Summary,
     bound_cell,
@@ -236,10 +234,13 @@ async def run_soak(args: argparse.Namespace) -> int:
     print(
         f"soak: commit {report['commit']}; {calls} calls for {args.soak:g} s, each living "
         f"{args.lifetime[0]:g}-{args.lifetime[1]:g} s; gateway ({args.gateway_loop}) on CPU "
-        f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}",
+        f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}, {args.peers} peers; "
+        f"{dialect_line(args)}",
         flush=True,
     )
     env = bench_env()
+    env["BENCH_PEERS"] = args.peers  # bench/worker.py PEERS_ENV: lean unless --peers classic
+    env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
     load_cpus = args.load_cpus or [None]
     workers: list[WorkerProc] = [
         SoakWorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"soak-worker-{k}.log")
@@ -429,6 +430,13 @@ def _summarise(
         "frames_expected": total("frames_expected"),
         "frames_lost": total("frames_lost"),
         "bursts_silent": total("bursts_silent"),
+        "marks_sent": total("marks_sent"),
+        "marks_echoed": total("marks_echoed"),
+        "marks_duplicated": total("marks_duplicated"),
+        "app_protocol_errors": total("app_protocol_errors"),
+        "caller_protocol_errors": total("caller_protocol_errors"),
+        "dialect": args.dialect,
+        "peers": args.peers,
         "workers": [{k: v for k, v in f.items() if k != "figures"} for f in finishes],
     }
     rows = [
@@ -459,7 +467,8 @@ def _summarise(
         f"resyncs {result['tick_resyncs']:g}; clear→silence {caller['clear_to_silence_ms'].cell()} "
         f"ms, clears at caller {result['clears_at_caller']}/{result['clears_sent']}; caller jitter "
         f"{caller['jitter_ms'].cell()} ms; inbound {caller['inbound_latency_ms'].cell()} ms; "
-        f"frames lost {result['frames_lost']}/{result['frames_expected']}; calls started "
+        f"frames lost {result['frames_lost']}/{result['frames_expected']}; marks echoed "
+        f"{result['marks_echoed']}/{result['marks_sent']}; calls started "
         f"{result['calls_started']:g}, ended by the soak {ended}, failed "
         f"{sum(int(f['failed']) for f in finishes)}, dropped "
         f"{sum(int(f['dropped']) for f in finishes)}; gw CPU {gw_pct:.1f} %, gen CPU "

@@ -15,7 +15,8 @@ Started by :mod:`bench.soak` as ``python -m bench.soak_worker INDEX`` and driven
 
 Issue 7 asks that the soak "also exercise call set-up and tear-down": half of the calls end with
 the caller hanging up (Twilio ``stop``), the other half with the app sending ``hangup`` (seed 004,
-"Commands": ``session.end`` with ``app_hangup``). Each call is measured over its own life, from
+"Commands": ``session.end`` with ``app_hangup``), or, in the Twilio dialect, closing its socket
+(seed 004, "Twilio protocol"). Each call is measured over its own life, from
 2 s after its session started to the moment it was ended, with :func:`bench.analysis.analyse_calls`,
 and its recordings are then dropped: a 10-minute soak would otherwise keep every message of some
 thousand calls. Only the measured samples are kept, in flat ``array('d')`` buffers.
@@ -32,8 +33,8 @@ import time
 from array import array
 from typing import Any
 
-from appbridge.testing import FakeTwilio
 from bench.analysis import CallerFigures, analyse_calls
+from bench.pipecat_app import TwilioAppSession
 from bench.report import summarize
 from bench.talker import AppScript
 from bench.worker import (
@@ -58,10 +59,8 @@ FREEZE_PERIOD_S = 1.0
 
 
 class SoakWorker(Worker):
-    """A :class:`bench.worker.Worker` whose calls churn instead of being held once."""
-
-    #: The soak still plays the project's test peers (its slots drive FakeTwilio directly).
-    supported_peers = ("classic",)
+    """A :class:`bench.worker.Worker` whose calls churn instead of being held once; the lean
+    peers by default, as the ramp (``--peers classic`` for the project's test peers)."""
 
     def __init__(self, index: int, **kw: str) -> None:
         super().__init__(index, **kw)
@@ -93,13 +92,7 @@ class SoakWorker(Worker):
         sip_share: float = 0.0,
     ) -> dict[str, Any]:
         await self.open_sip(sip, sip_share)
-        self.twilio = FakeTwilio(
-            base_url,
-            account_sid=self.account_sid,
-            auth_token=self.twilio_token,
-            rest=self.rest,
-            webhook_timeout_s=30.0,
-        )
+        self.open_twilio(base_url)
         self.churning = True
         self.freezer = asyncio.create_task(self._freeze_while_churning())
         started = time.monotonic()
@@ -225,7 +218,10 @@ class SoakWorker(Worker):
             elif (k + serial) % 2 == 0 and self.churning:
                 self.app_hangups += 1
                 with contextlib.suppress(Exception):
-                    await session.send({"type": "hangup"})
+                    if isinstance(session, TwilioAppSession):
+                        await session.close()  # seed 004 "Twilio protocol": close to hang up
+                    else:
+                        await session.send({"type": "hangup"})
             else:
                 self.caller_hangups += 1
                 with contextlib.suppress(Exception):
@@ -260,6 +256,8 @@ class SoakWorker(Worker):
         self.talker.scripts.pop(call_sid, None)
         with contextlib.suppress(ValueError):
             self.app.sessions.remove(script.session)  # type: ignore[arg-type]
+        if self.lean is not None:
+            self.lean.calls = [c for c in self.lean.calls if c.call_sid != call_sid]
 
 
 async def _serve(index: int) -> None:

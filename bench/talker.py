@@ -70,12 +70,13 @@ class AppScript:
     bursts: list[Burst] = field(default_factory=list)
 
     def events(self, msg_type: str) -> list[tuple[float, dict[str, Any]]]:
-        """(arrival time, message) of each message of ``msg_type`` the app received."""
+        """(arrival time, message) of each message of ``msg_type`` the app received (its
+        ``type``, or its ``event`` for a Twilio-dialect session, bench/pipecat_app.py)."""
         session = self.session
         return [
             (t, m)
             for t, m in zip(session.message_times, session.messages, strict=True)
-            if m.get("type") == msg_type
+            if m.get("type", m.get("event")) == msg_type
         ]
 
 

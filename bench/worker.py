@@ -23,6 +23,12 @@ The peers are the lean ones by default (``BENCH_PEERS=lean``, set by ``bench.loa
 the same traffic on the wire for about half of the generator's CPU. ``BENCH_PEERS=classic`` keeps
 the project's test peers (``FakeTwilio``, ``FakeApp`` of appbridge/testing) for one release,
 to compare (bench/README.md, "Lean peers").
+
+The apps speak fonoster by default (``BENCH_DIALECT=fonoster``: :class:`bench.talker.TalkingApp`
+scripts them). ``BENCH_DIALECT=twilio`` (``bench.load --dialect twilio``) makes them
+Pipecat-style Twilio Media Streams apps, :class:`bench.pipecat_app.TwilioDialectApp`, always
+lean, which paces every session from one ticker and is its own talker (bench/README.md, "The
+Twilio dialect").
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.analysis import Caller, CallerFigures, analyse_calls
 from bench.lean_app import LeanApp
 from bench.lean_twilio import LeanTwilio, LeanTwilioCall
+from bench.pipecat_app import TwilioDialectApp
 from bench.sip_caller import (
     SIP_CALLER_PREFIX,
     SipCaller,
@@ -69,6 +76,10 @@ PEERS_ENV = "BENCH_PEERS"
 PEERS = ("lean", "classic")
 #: Phases of the lean Twilio callers' 20 ms ticker (bench/lean_twilio.py TwilioTicker; 4).
 TWILIO_SLOTS_ENV = "BENCH_TWILIO_SLOTS"
+#: The apps' protocol: "fonoster" (bench/talker.py on the lean or classic app) or "twilio"
+#: (bench/pipecat_app.py, Pipecat-style Media Streams apps; always lean).
+DIALECT_ENV = "BENCH_DIALECT"
+DIALECTS = ("fonoster", "twilio")
 
 
 def is_sip_session(start: dict[str, Any]) -> bool:
@@ -149,21 +160,32 @@ class Worker:
         twilio_token: str,
         account_sid: str,
         peers: str = "lean",
+        dialect: str = "fonoster",
     ):
         if peers not in PEERS:
             raise ValueError(f"{PEERS_ENV} must be one of {PEERS}, not {peers!r}")
+        if dialect not in DIALECTS:
+            raise ValueError(f"{DIALECT_ENV} must be one of {DIALECTS}, not {dialect!r}")
         self.index = index
         self.account_sid = account_sid
         self.twilio_token = twilio_token
         self.peers = peers if peers in self.supported_peers else "classic"
-        self.talker = TalkingApp(seed=1000 + index)
+        self.dialect = dialect
+        self.talker: TalkingApp | TwilioDialectApp
         self.app: FakeApp | LeanApp
-        if self.peers == "lean":
-            self.app = LeanApp(secret=app_secret)
-            self.app.loudness_if = is_sip_session
+        if dialect == "twilio":
+            # The Pipecat-style app paces itself from its own ticker: no handler task.
+            self.app = self.talker = TwilioDialectApp(
+                secret=app_secret, account_sid=account_sid, seed=1000 + index
+            )
         else:
-            self.app = FakeApp(secret=app_secret)
-        self.app.handler = self.talker.handle
+            self.talker = TalkingApp(seed=1000 + index)
+            if self.peers == "lean":
+                self.app = LeanApp(secret=app_secret)
+                self.app.loudness_if = is_sip_session
+            else:
+                self.app = FakeApp(secret=app_secret)
+            self.app.handler = self.talker.handle
         self.lean: LeanTwilio | None = None
         self.rest = (
             FakeTwilioRest(account_sid=account_sid, auth_token=twilio_token) if index == 0 else None
@@ -189,6 +211,7 @@ class Worker:
             "rest_base_url": self.rest.base_url if self.rest is not None else None,
             "pid": os.getpid(),
             "peers": self.peers,
+            "dialect": self.dialect,
             "affinity": sorted(os.sched_getaffinity(0)),
         }
 
@@ -211,23 +234,7 @@ class Worker:
         sip_share: float = 0.0,
     ) -> dict[str, Any]:
         await self.open_sip(sip, sip_share)
-        if self.peers == "lean":
-            assert self.webhook_client is not None
-            self.lean = LeanTwilio(
-                base_url,
-                account_sid=self.account_sid,
-                auth_token=self.twilio_token,
-                client=self.webhook_client,
-                slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
-            )
-        else:
-            self.twilio = FakeTwilio(
-                base_url,
-                account_sid=self.account_sid,
-                auth_token=self.twilio_token,
-                rest=self.rest,
-                webhook_timeout_s=30.0,
-            )
+        self.open_twilio(base_url)
         started = time.monotonic()
         tasks = []
         for i in range(calls):
@@ -256,6 +263,26 @@ class Worker:
             "errors": errors[:10],
             "ramp_s": round(time.monotonic() - started, 3),
         }
+
+    def open_twilio(self, base_url: str) -> None:
+        """The Twilio that places this worker's calls on the gateway: lean or classic."""
+        if self.peers == "lean":
+            assert self.webhook_client is not None
+            self.lean = LeanTwilio(
+                base_url,
+                account_sid=self.account_sid,
+                auth_token=self.twilio_token,
+                client=self.webhook_client,
+                slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
+            )
+        else:
+            self.twilio = FakeTwilio(
+                base_url,
+                account_sid=self.account_sid,
+                auth_token=self.twilio_token,
+                rest=self.rest,
+                webhook_timeout_s=30.0,
+            )
 
     def window_start(self) -> dict[str, Any]:
         # The recordings grow all through the hold: keep the collector's full passes (which
@@ -410,6 +437,7 @@ def worker_from_env(cls: type[W], index: int) -> W:
         twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
         peers=os.environ.get(PEERS_ENV) or "lean",
+        dialect=os.environ.get(DIALECT_ENV) or "fonoster",
     )
 
 

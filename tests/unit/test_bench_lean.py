@@ -430,7 +430,8 @@ def test_the_worker_plays_lean_peers_unless_told_classic() -> None:
     assert build_parser().parse_args(["--peers", "classic"]).peers == "classic"
     assert isinstance(Worker(0, **keys).app, LeanApp)
     assert isinstance(Worker(0, peers="classic", **keys).app, FakeApp)
-    assert isinstance(SoakWorker(0, peers="lean", **keys).app, FakeApp)  # the soak: classic
+    assert isinstance(SoakWorker(0, peers="lean", **keys).app, LeanApp)  # the soak too
+    assert isinstance(SoakWorker(0, peers="classic", **keys).app, FakeApp)
     with pytest.raises(ValueError):
         Worker(0, peers="fast", **keys)
     assert is_sip_session({"from": "+155530000000001"})
