@@ -138,6 +138,18 @@ class Gateway:
         name = voice_id.split("/", 1)[0]
         return self.stt_providers.get(name) or self.stt_providers["local"]
 
+    def stt_in_use(self) -> set[SttProvider]:
+        """The STT providers the configured apps' calls listen with. Only fonoster apps listen
+        (calls/call.py ``_sync_ears``: the Twilio dialect has no transcripts), so a gateway with
+        Twilio-dialect apps alone loads no recognition model (about 80 MB for the local one)."""
+        used: set[SttProvider] = set()
+        for app in self.config.apps.values():
+            if app.protocol == "fonoster":
+                provider = self.stt_for(app.speech.voice, app.speech.stt)
+                if provider is not None:
+                    used.add(provider)
+        return used
+
     def reload(self, config: Config) -> None:
         """Swap in a validated configuration: apps, numbers and secrets change for new calls."""
         old = self.config
@@ -198,8 +210,7 @@ class Gateway:
             await self.sip.start()
         # Load the models of the STT providers the apps use, in the background: the first call
         # must not wait, and a model no app needs costs no memory.
-        used = {self.stt_for(app.speech.voice, app.speech.stt) for app in self.config.apps.values()}
-        for provider in used:
+        for provider in self.stt_in_use():
             preload = getattr(provider, "preload", None)
             if preload is not None:
                 preload()
