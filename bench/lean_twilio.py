@@ -41,6 +41,7 @@ import httpx
 import msgspec
 
 from appbridge.testing.fake_twilio import new_sid, twilio_signature
+from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
     OP_PING,
@@ -416,57 +417,11 @@ class LeanTwilioCall(asyncio.Protocol):
             self._done.set_result(None)
 
 
-class TwilioTicker:
-    """Every lean caller's 20 ms tick from one task, the period cut into ``slots`` phases.
-
-    Calls join the phases round-robin, so with 4 slots a quarter of the callers send every
-    5 ms rather than all at once (the old per-call tasks had random phases); deadlines are
-    absolute (``next += period/slots``), and a tick more than 100 ms late restarts from now
-    rather than bursting. ``autostart`` False leaves the ticking to a test.
-    """
+class TwilioTicker(PhasedTicker["LeanTwilioCall"]):
+    """Every lean caller's 20 ms tick from one task, in ``slots`` phases (bench/ticker.py)."""
 
     def __init__(self, *, slots: int = 4, autostart: bool = True) -> None:
-        self.slots = max(1, slots)
-        self.groups: list[dict[str, LeanTwilioCall]] = [{} for _ in range(self.slots)]
-        self.autostart = autostart
-        self.late_ticks = 0
-        self._next_group = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, call: LeanTwilioCall) -> None:
-        self.groups[self._next_group][call.call_sid] = call
-        self._next_group = (self._next_group + 1) % self.slots
-        if self._task is None and self.autostart:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def discard(self, call: LeanTwilioCall) -> None:
-        for group in self.groups:
-            group.pop(call.call_sid, None)
-
-    def tick_group(self, index: int, slot_s: float) -> None:
-        for call in list(self.groups[index].values()):
-            call.tick(slot_s)
-
-    async def _run(self) -> None:
-        step_s = FRAME_S / self.slots
-        next_s = time.monotonic()
-        index = 0
-        while True:
-            self.tick_group(index, next_s)
-            index = (index + 1) % self.slots
-            next_s += step_s
-            now = time.monotonic()
-            if now - next_s > RESYNC_LATE_S:
-                self.late_ticks += 1
-                next_s = now
-            await asyncio.sleep(max(0.0, next_s - now))
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        super().__init__(lambda call: call.call_sid, slots=slots, autostart=autostart)
 
 
 class LeanTwilio:

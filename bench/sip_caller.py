@@ -11,7 +11,8 @@ Lean by design, since the generator must stay below 70 % of its core (bench/READ
 * one UDP socket per worker for signalling (:class:`SipEndpoint`), calls found by Call-ID;
   one UDP socket per call for RTP;
 * one 20 ms ticker per worker (:class:`RtpTicker`) sends every call's packet, on absolute
-  deadlines (a late tick sends once, it does not burst);
+  deadlines, the calls spread over 4 phases of the frame as independent callers' packets are
+  (bench/ticker.py; a late tick sends once, it does not burst);
 * recordings are flat ``array('d')`` / ``array('H')``: one float per packet each way and the
   audio byte count per packet received, nothing the collector has to walk;
 * loopback only, so no retransmission of our requests (the gateway retransmits its 2xx until
@@ -48,6 +49,7 @@ from appbridge.carriers.sip.message import (
 )
 from appbridge.carriers.sip.rtp import RtpSender
 from appbridge.carriers.sip.sdp import SdpError, SdpNegotiator, SessionDescription
+from bench.ticker import PhasedTicker
 
 __all__ = ["RtpTicker", "SipCaller", "SipEndpoint", "sip_caller_number"]
 
@@ -273,10 +275,13 @@ class SipCaller:
         self._talk = ulaw
         self._talk_at = 0
 
-    def tick(self, now: float) -> None:
-        """One 20 ms packet of the caller's voice (or silence) to the gateway."""
+    def tick(self, at: float) -> None:
+        """One 20 ms packet of the caller's voice (or silence) to the gateway. ``at`` is the
+        ticker's deadline; the records take the instant the packet actually leaves, as the
+        Twilio callers' do, so a late generator does not count as the gateway's latency."""
         if self._rtp is None or self.remote_rtp is None or self.closed:
             return
+        now = time.monotonic()
         talk = self._talk
         if talk:
             at = self._talk_at
@@ -325,43 +330,12 @@ class SipCaller:
             self.done.set_result(None)
 
 
-class RtpTicker:
-    """Every SIP call's 20 ms packet from one task: a deadline loop like the media clock's."""
+class RtpTicker(PhasedTicker["SipCaller"]):
+    """Every SIP call's 20 ms packet from one task, in 4 phases of the frame (bench/ticker.py):
+    real callers' packets reach a gateway spread over the frame, not in one burst."""
 
-    def __init__(self, *, autostart: bool = True) -> None:
-        self.calls: dict[str, SipCaller] = {}
-        self.late_ticks = 0
-        #: False in unit tests: they call :meth:`SipCaller.tick` themselves, in virtual time.
-        self.autostart = autostart
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, call: SipCaller) -> None:
-        self.calls[call.call_id] = call
-        if self._task is None and self.autostart:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def discard(self, call: SipCaller) -> None:
-        self.calls.pop(call.call_id, None)
-
-    async def _run(self) -> None:
-        next_s = time.monotonic()
-        while True:
-            now = time.monotonic()
-            for call in list(self.calls.values()):
-                call.tick(now)
-            next_s += FRAME_S
-            now = time.monotonic()
-            if now - next_s > 5 * FRAME_S:  # far behind: resync rather than burst
-                self.late_ticks += 1
-                next_s = now + FRAME_S
-            await asyncio.sleep(max(0.0, next_s - now))
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    def __init__(self, *, slots: int = 4, autostart: bool = True) -> None:
+        super().__init__(lambda call: call.call_id, slots=slots, autostart=autostart)
 
 
 class SipEndpoint(asyncio.DatagramProtocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -135,14 +136,18 @@ async def test_invite_ack_rtp_both_ways_and_bye(
 
     # Caller -> gateway: the tone, then silence.
     call.talk(b"\x10" * (FRAME_BYTES + 40))
+    before = time.monotonic()
     for k in range(3):
-        call.tick(100.0 + 0.02 * k)
+        call.tick(100.0 + 0.02 * k)  # the ticker's deadlines: the records take the real instant
+    after = time.monotonic()
     await asyncio.wait_for(_until(lambda: len(uas.rtp_packets) == 3), WAIT_S)
     payloads = [p[12:] for p in uas.rtp_packets]
     assert payloads[0] == b"\x10" * FRAME_BYTES
     assert payloads[1] == b"\x10" * 40 + ULAW_SILENCE[40:]
     assert payloads[2] == ULAW_SILENCE
-    assert list(call.sent_media_times()) == [100.0, 100.02, 100.04]
+    sent = list(call.sent_media_times())
+    assert len(sent) == 3 and before <= sent[0] <= sent[1] <= sent[2] <= after
+    assert list(call.onset_times) == [sent[0]]  # the tone's first packet
 
     # Gateway -> caller: audio is told from silence.
     assert uas.rtp is not None
