@@ -119,6 +119,10 @@ class Trend:
     allowed_10min: float | None  # what the rule tolerates over HORIZON_S
     flat: bool | None  # None: too few samples after warm-up to say
     rule: str
+    #: Fitted over the last third of the samples after warm-up only. Not part of the verdict: it
+    #: shows whether a rise has levelled off (the registry's history of ended calls, bounded at
+    #: 1000, grows memory until it is full, and a 10-minute soak may end just after that).
+    last_third_slope_per_min: float | None = None
 
 
 def assess(
@@ -135,6 +139,8 @@ def assess(
     values = [v for _, v in points]
     steady = [(t, v) for t, v in points if t >= warmup_s]
     slope_s = least_squares_slope(steady) if len(steady) >= 3 else None
+    tail = steady[-max(3, len(steady) // 3) :] if len(steady) >= 3 else []
+    tail_slope_s = least_squares_slope(tail) if tail else None
     trend = Trend(
         name=name,
         kind=kind,
@@ -147,6 +153,7 @@ def assess(
         allowed_10min=None,
         flat=None,
         rule="fewer than 3 samples after warm-up",
+        last_third_slope_per_min=None if tail_slope_s is None else tail_slope_s * 60.0,
     )
     if slope_s is None:
         return trend
@@ -446,6 +453,7 @@ def _summarise(
             f"{t.end:g}",
             f"{t.low:g}-{t.high:g}",
             "-" if t.slope_per_min is None else f"{t.slope_per_min:+.3f}",
+            "-" if t.last_third_slope_per_min is None else f"{t.last_third_slope_per_min:+.3f}",
             "-" if t.growth_10min is None else f"{t.growth_10min:+.2f} (≤{t.allowed_10min:.2f})",
             {True: "flat", False: "GROWING", None: "?"}[t.flat],
         ]
@@ -454,7 +462,17 @@ def _summarise(
     print()
     print(
         format_table(
-            ("metric", "start", "end", "range", "slope/min", "10-min fit", "verdict"), rows
+            (
+                "metric",
+                "start",
+                "end",
+                "range",
+                "slope/min",
+                "last third/min",
+                "10-min fit",
+                "verdict",
+            ),
+            rows,
         )
     )
     tick = "/".join(

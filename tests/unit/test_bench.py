@@ -327,6 +327,19 @@ def test_memory_is_flat_below_one_percent_per_ten_minutes_after_warm_up() -> Non
     assert grown.growth_10min == pytest.approx(2.0)
 
 
+def test_the_last_third_slope_shows_a_rise_that_levelled_off() -> None:
+    from bench.soak import assess
+
+    # Memory that rises until 420 s (a bounded history filling) and is flat after it: the
+    # whole-run fit still says growing, the last third's slope says it stopped.
+    filling = [(float(t), 70.0 + 0.1 * min(t, 420) / 60.0) for t in range(0, 610, 10)]
+    trend = assess("rss_mb", "memory", filling)
+    assert trend.flat is False and trend.slope_per_min is not None and trend.slope_per_min > 0.05
+    assert trend.last_third_slope_per_min == pytest.approx(0.0, abs=1e-9)
+    steady = assess("rss_mb", "memory", [(float(t), 70.0 + t / 60.0) for t in range(0, 610, 10)])
+    assert steady.last_third_slope_per_min == pytest.approx(1.0)
+
+
 def test_counts_are_flat_when_they_stay_in_their_range_despite_churn() -> None:
     from bench.soak import assess
 
