@@ -65,8 +65,6 @@ FRAME_S = 0.020
 FRAME_BYTES = 160
 ULAW_RATE_HZ = 8000
 ULAW_SILENCE = b"\xff" * FRAME_BYTES
-#: A tick later than this is not caught up on (as the fake's ``_RESYNC_LATE_S``).
-RESYNC_LATE_S = 0.1
 
 
 class _Media(msgspec.Struct):

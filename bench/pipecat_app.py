@@ -50,6 +50,7 @@ import msgspec
 from appbridge.testing import audio as au
 from bench.lean_app import LeanApp, LeanSession
 from bench.talker import AppScript, Burst
+from bench.ticker import run_on_deadlines
 from bench.ws_lean import OP_TEXT
 
 __all__ = [
@@ -66,8 +67,6 @@ CHUNK_MS = 20
 CHUNK_BYTES = ULAW_RATE_HZ * CHUNK_MS // 1000
 APP_TONE_HZ = 600.0
 INBOUND_TRACK_ID = 1  # what bench.analysis reads as the caller's track
-#: A tick later than this is not caught up on: the ticker restarts from now.
-RESYNC_LATE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -384,15 +383,10 @@ class AppTicker:
         self.active = still
 
     async def _run(self) -> None:
-        next_s = time.monotonic()
-        while True:
-            self.tick(next_s)
-            next_s += self.period_s
-            now = time.monotonic()
-            if now - next_s > RESYNC_LATE_S:
-                self.late_ticks += 1
-                next_s = now
-            await asyncio.sleep(max(0.0, next_s - now))
+        await run_on_deadlines(self.period_s, self.tick, self._late)
+
+    def _late(self) -> None:
+        self.late_ticks += 1
 
     async def stop(self) -> None:
         if self._task is not None:

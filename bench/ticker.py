@@ -23,6 +23,23 @@ FRAME_S = 0.020
 RESYNC_LATE_S = 0.100
 
 
+async def run_on_deadlines(
+    step_s: float, tick: Callable[[float], None], late: Callable[[], None]
+) -> None:
+    """``tick(deadline)`` every ``step_s`` on absolute deadlines, forever; a deadline missed by
+    more than :data:`RESYNC_LATE_S` is not caught up on (``late()`` is told, and the schedule
+    restarts from now)."""
+    next_s = time.monotonic()
+    while True:
+        tick(next_s)
+        next_s += step_s
+        now = time.monotonic()
+        if now - next_s > RESYNC_LATE_S:
+            late()
+            next_s = now
+        await asyncio.sleep(max(0.0, next_s - now))
+
+
 class Ticking(Protocol):
     def tick(self, at: float, /) -> None: ...
 
@@ -63,18 +80,17 @@ class PhasedTicker(Generic[PeerT]):
             peer.tick(at)
 
     async def _run(self) -> None:
-        step_s = FRAME_S / self.slots
-        next_s = time.monotonic()
         index = 0
-        while True:
-            self.tick_group(index, next_s)
+
+        def tick(at: float) -> None:
+            nonlocal index
+            self.tick_group(index, at)
             index = (index + 1) % self.slots
-            next_s += step_s
-            now = time.monotonic()
-            if now - next_s > RESYNC_LATE_S:
-                self.late_ticks += 1
-                next_s = now
-            await asyncio.sleep(max(0.0, next_s - now))
+
+        await run_on_deadlines(FRAME_S / self.slots, tick, self._late)
+
+    def _late(self) -> None:
+        self.late_ticks += 1
 
     async def stop(self) -> None:
         if self._task is not None:

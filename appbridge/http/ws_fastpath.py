@@ -47,7 +47,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from appbridge.net.ws_frames import FrameCutter, split_head, text_frame
+from appbridge.net.ws_frames import FrameCutter, text_frame
 
 log = logging.getLogger(__name__)
 # websockets logs "connection open/closed" at INFO for every connection; only its warnings and
@@ -120,7 +120,6 @@ class FastWebSocket(asyncio.Protocol):
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._close_reported = False
-        self._head = b""  # an opening handshake not all here yet
         # Whole masked data frames are cut here (net/ws_frames.py), everything else is
         # websockets'; the route gets each message in one synchronous call.
         self._cutter = FrameCutter(
@@ -130,6 +129,8 @@ class FastWebSocket(asyncio.Protocol):
             to_protocol=self._feed_protocol,
             idle=self._proto_idle,
             is_open=lambda: self.is_open,
+            connecting=lambda: self._proto.state is State.CONNECTING,
+            head_limit_bytes=_MAX_REQUEST_BYTES,
         )
         #: True from the 101 until either side starts the closing handshake.
         self.is_open = False
@@ -147,31 +148,7 @@ class FastWebSocket(asyncio.Protocol):
             self._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        cutter = self._cutter
-        if cutter.enabled and self.is_open:
-            cutter.feed(data)  # the hot path
-            return
-        if not cutter.enabled:
-            self._feed_protocol(data)
-            return
-        if self._proto.state is not State.CONNECTING:
-            # Closing or failed: the cutter hands websockets the rest, the start of a frame it
-            # held included, and goes quiet.
-            cutter.feed(data)
-            return
-        # The opening handshake: only the request goes to websockets, so that its frame parser
-        # starts exactly at the first frame. A client may not send frames before our 101 (RFC
-        # 6455 §4.1); any it sent anyway wait for it (or go to websockets with a refusal).
-        data = self._head + data
-        split = split_head(data, _MAX_REQUEST_BYTES)
-        if split is None:
-            self._head = data
-            return
-        self._head = b""
-        head, data = split
-        self._feed_protocol(head)
-        if data:
-            cutter.feed(data)
+        self._cutter.receive(data)
 
     def _proto_idle(self) -> bool:
         """No fragmented message is open in websockets' parser (a whole frame must not cut in,

@@ -23,7 +23,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from appbridge.net.ws_frames import FrameCutter, masked_frame, split_head
+from appbridge.net.ws_frames import FrameCutter, masked_frame
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ class WsClient(asyncio.Protocol):
         self._fragment_opcode: Opcode | None = None
         self._closed_reported = False
         self._open = False  # the protocol is OPEN, as of the last call into it (_flush)
-        self._head = b""  # a handshake response not all here yet
         # Whole unmasked data frames are cut here (net/ws_frames.py), everything else is
         # websockets'.
         self._cutter = FrameCutter(
@@ -79,6 +78,8 @@ class WsClient(asyncio.Protocol):
             to_protocol=self._feed_protocol,
             idle=lambda: self._fragment_opcode is None,
             is_open=lambda: self._open,
+            connecting=lambda: self._proto.state is State.CONNECTING,
+            head_limit_bytes=_MAX_RESPONSE_HEAD_BYTES,
         )
         self.handshake_status: int | None = None
 
@@ -91,30 +92,7 @@ class WsClient(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
-        cutter = self._cutter
-        if cutter.enabled and self._open:
-            cutter.feed(data)  # the hot path
-            return
-        if not cutter.enabled:
-            self._feed_protocol(data)
-            return
-        if self._proto.state is not State.CONNECTING:
-            # Closing or failed: the cutter hands websockets the rest, the start of a frame it
-            # held included, and goes quiet.
-            cutter.feed(data)
-            return
-        # The opening handshake: only the response's head goes to websockets, so that its frame
-        # parser starts exactly at the first frame, whatever the server sent along with its 101.
-        data = self._head + data
-        split = split_head(data, _MAX_RESPONSE_HEAD_BYTES)
-        if split is None:
-            self._head = data
-            return
-        self._head = b""
-        head, data = split
-        self._feed_protocol(head)
-        if data:
-            cutter.feed(data)
+        self._cutter.receive(data)
 
     def _feed_protocol(self, data: bytes) -> None:
         self._proto.receive_data(data)

@@ -153,7 +153,10 @@ class FrameCutter:
     """
 
     __slots__ = (
+        "_connecting",
         "_deliver",
+        "_head",
+        "_head_limit",
         "_idle",
         "_is_open",
         "_masked",
@@ -172,6 +175,8 @@ class FrameCutter:
         to_protocol: Callable[[bytes], None],
         idle: Callable[[], bool],
         is_open: Callable[[], bool],
+        connecting: Callable[[], bool],
+        head_limit_bytes: int = 16 * 1024,
     ) -> None:
         self._masked = masked
         self._max_size = max_size
@@ -179,8 +184,38 @@ class FrameCutter:
         self._to_proto = to_protocol
         self._idle = idle
         self._is_open = is_open
+        self._connecting = connecting
+        self._head_limit = head_limit_bytes
+        self._head = b""  # an opening handshake not all here yet
         self._pending = b""  # the start of a frame not all here yet
         self.enabled = True
+
+    def receive(self, data: bytes) -> None:
+        """Everything the connection reads, from the opening handshake on."""
+        if self.enabled and self._is_open():
+            self.feed(data)  # the hot path
+            return
+        if not self.enabled:
+            self._to_proto(data)
+            return
+        if not self._connecting():
+            # Closing or failed: the rest goes to websockets, the start of a frame held here
+            # included, and the cutter goes quiet.
+            self.feed(data)
+            return
+        # The opening handshake: only its HTTP head goes to websockets, so that its frame parser
+        # starts exactly at the first frame, whatever the peer sent along (a client may not send
+        # frames before the 101, RFC 6455 §4.1; a server may send them right behind it).
+        data = self._head + data
+        split = split_head(data, self._head_limit)
+        if split is None:
+            self._head = data
+            return
+        self._head = b""
+        head, data = split
+        self._to_proto(head)
+        if data:
+            self.feed(data)
 
     def feed(self, data: bytes) -> None:
         if self._pending:
