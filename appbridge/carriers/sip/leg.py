@@ -388,8 +388,10 @@ class RtpProtocol(asyncio.DatagramProtocol):
         if leg is None:
             self.received_early += 1
             return
-        # uvloop and asyncio both give IPv4 sources as a (str, int) tuple already.
-        leg.datagram_received(data, cast(Address, addr), self.clock.now())
+        # IPv4 sources come as a (str, int) tuple already; IPv6 ones carry flow info and scope
+        # as well, which the latch must not compare.
+        source = cast(Address, addr) if len(addr) == 2 else (str(addr[0]), int(addr[1]))
+        leg.datagram_received(data, source, self.clock.now())
 
     def send(self, data: bytes, addr: Address) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -202,3 +202,20 @@ def test_clear_sends_the_next_packet_at_once_and_keeps_the_rate() -> None:
     assert len(sent) == 8 and sent[-1].payload == loud
     tick(leg, clock, deferred, None)
     assert len(sent) == 9 and [p.sequence for p in sent][-1] == (65534 + 8) & 0xFFFF
+
+
+def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
+    """IPv6 sources carry flow info and scope id too; the latch compares host and port only."""
+    from appbridge.carriers.sip.leg import RtpProtocol
+
+    seen: list[tuple[str, int]] = []
+
+    class Leg:
+        def datagram_received(self, data: bytes, source: tuple[str, int], now: float) -> None:
+            seen.append(source)
+
+    proto = RtpProtocol(VirtualClock())
+    proto.leg = Leg()  # type: ignore[assignment]
+    proto.datagram_received(b"x", ("127.0.0.1", 4000))
+    proto.datagram_received(b"x", ("::1", 4002, 0, 0))  # type: ignore[arg-type]
+    assert seen == [("127.0.0.1", 4000), ("::1", 4002)]
