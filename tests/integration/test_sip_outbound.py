@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,10 +25,10 @@ from appbridge.testing import FakeApp
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import API_TOKEN, SECRET, make_config
 from tests.integration.sipp_support import (
-    SIPP,
     bundled_scenario,
     finish_sipp,
     free_port,
+    sipp_required,
     spawn_sipp,
     until_bound,
 )
@@ -40,9 +39,7 @@ AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 CALLEE = "+15550002222"
 CALLER = "+15550001111"
 
-if SIPP is None and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-    pytest.fail("CI=true and sipp is missing: run deploy/install-test-peers.sh", pytrace=False)
-needs_sipp = pytest.mark.skipif(SIPP is None, reason="sipp missing: deploy/install-test-peers.sh")
+needs_sipp = sipp_required()
 pytestmark = [pytest.mark.timeout(60)]
 
 

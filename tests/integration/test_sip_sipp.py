@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,22 +23,17 @@ from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import SECRET, make_config
 from tests.integration.sipp_support import (
     SCENARIOS,
-    SIPP,
     finish_sipp,
     free_port,
     scenario_file,
+    sipp_required,
     spawn_sipp,
 )
 
 PCAPS = Path("/usr/share/sip-tester")
 ROUTED = "+15550001111"
 
-if SIPP is None and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-    pytest.fail("CI=true and sipp is missing: run deploy/install-test-peers.sh", pytrace=False)
-pytestmark = [
-    pytest.mark.skipif(SIPP is None, reason="sipp missing: run deploy/install-test-peers.sh"),
-    pytest.mark.timeout(60),
-]
+pytestmark = [sipp_required(), pytest.mark.timeout(60)]
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import re
 import socket
 from collections.abc import AsyncIterator
@@ -38,10 +37,10 @@ from appbridge.testing import FakeApp
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import API_TOKEN, SECRET, make_config
 from tests.integration.sipp_support import (
-    SIPP,
     bundled_scenario,
     finish_sipp,
     free_port,
+    sipp_required,
     spawn_sipp,
     until_bound,
 )
@@ -52,12 +51,7 @@ ROUTED = "+15550001111"
 PARTY = "+15550003333"
 CALLER_ID = "+15550004444"
 
-if SIPP is None and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-    pytest.fail("CI=true and sipp is missing: run deploy/install-test-peers.sh", pytrace=False)
-pytestmark = [
-    pytest.mark.skipif(SIPP is None, reason="sipp missing: run deploy/install-test-peers.sh"),
-    pytest.mark.timeout(60),
-]
+pytestmark = [sipp_required(), pytest.mark.timeout(60)]
 
 
 @dataclass
