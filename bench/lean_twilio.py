@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from appbridge.testing.fake_twilio import new_sid, twilio_signature
+from appbridge.testing.fake_twilio import new_sid, twilio_signature, voice_webhook_form
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
@@ -449,20 +449,7 @@ class LeanTwilio:
         """POST the signed voice webhook and open the stream its TwiML names."""
         call = LeanTwilioCall(self, new_sid("CA"), from_, to)
         self.calls.append(call)
-        form = {
-            "CallSid": call.call_sid,
-            "AccountSid": self.account_sid,
-            "From": from_,
-            "To": to,
-            "CallStatus": "ringing",
-            "Direction": "inbound",
-            "ApiVersion": "2010-04-01",
-            "Caller": from_,
-            "Called": to,
-            "FromCountry": "US",
-            "ToCountry": "US",
-            **(extra_params or {}),
-        }
+        form = voice_webhook_form(call.call_sid, self.account_sid, from_, to, extra_params)
         url = self.gateway_base_url + "/twilio/voice"
         headers = {
             "User-Agent": "TwilioProxy/1.1",

@@ -574,6 +574,32 @@ class FakeTwilioCall:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def voice_webhook_form(
+    call_sid: str,
+    account_sid: str,
+    from_: str,
+    to: str,
+    extra_params: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The form Twilio POSTs to the voice webhook for a new inbound call (reference/twilio.md),
+    ``extra_params`` on top."""
+    form = {
+        "CallSid": call_sid,
+        "AccountSid": account_sid,
+        "From": from_,
+        "To": to,
+        "CallStatus": "ringing",
+        "Direction": "inbound",
+        "ApiVersion": "2010-04-01",
+        "Caller": from_,
+        "Called": to,
+        "FromCountry": "US",
+        "ToCountry": "US",
+    }
+    form.update(extra_params or {})
+    return form
+
+
 class FakeTwilio:
     """Twilio Programmable Voice placing inbound calls on the gateway (INTERFACES.md §5).
 
@@ -639,20 +665,7 @@ class FakeTwilio:
             pace=pace,
             continuous_media=continuous_media,
         )
-        form = {
-            "CallSid": call.call_sid,
-            "AccountSid": self.account_sid,
-            "From": from_,
-            "To": to,
-            "CallStatus": "ringing",
-            "Direction": "inbound",
-            "ApiVersion": "2010-04-01",
-            "Caller": from_,
-            "Called": to,
-            "FromCountry": "US",
-            "ToCountry": "US",
-        }
-        form.update(extra_params or {})
+        form = voice_webhook_form(call.call_sid, self.account_sid, from_, to, extra_params)
         headers = {"User-Agent": "TwilioProxy/1.1"}
         if self.auth_token is not None:
             signed_url = self.public_url + "/twilio/voice"
