@@ -26,8 +26,9 @@ from appbridge.testing import FakeApp
 from appbridge.testing.fake_twilio import FakeTwilioCall
 from appbridge.testing.harness import bind_loopback, running_gateway
 from tests.integration.conftest import SECRET, make_config
+from tests.integration.sipp_support import SIPP
 from tests.integration.test_sdk import SENTENCE, SdkEnv, sdk_env
-from tests.integration.test_sip_sipp import PCAPS, SIPP, SipEnv, run_sipp
+from tests.integration.test_sip_sipp import PCAPS, SipEnv, run_sipp
 from tests.integration.test_turns import synthesise_ulaw, wer
 
 pytestmark = pytest.mark.timeout(90)

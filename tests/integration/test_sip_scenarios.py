@@ -19,16 +19,11 @@ import pytest
 from appbridge.carriers.sip.inbound import SipCall
 from appbridge.testing.audio import dominant_freq, rms_pcm16, tone_pcm16, ulaw_encode
 from appbridge.testing.fake_app import FakeSession
-from tests.integration.test_sip_sipp import (
-    ROUTED,
-    SIPP,
-    SipEnv,
-    run_sipp,
-    sip_gateway,
-)
+from tests.integration.sipp_support import sipp_required
+from tests.integration.test_sip_sipp import ROUTED, SipEnv, run_sipp, sip_gateway
 
 pytestmark = [
-    pytest.mark.skipif(SIPP is None, reason="sipp missing: run deploy/install-test-peers.sh"),
+    sipp_required(),
     pytest.mark.timeout(60),
 ]
 
