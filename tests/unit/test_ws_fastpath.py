@@ -498,6 +498,36 @@ async def test_routes_pick_the_fast_path_and_everything_else_goes_to_uvicorn() -
     idle.connection_lost(None)
 
 
+class SwitchingTransport(FakeTransport):
+    """A transport that can hand its reads to another protocol, as uvloop's and asyncio's can."""
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+
+async def test_the_transport_then_calls_the_routed_protocol_directly() -> None:
+    cls = fast_ws_protocol({"/fast": lambda request, ws: Recorder()}, fallback=FakeFallback)
+    state = ServerState()
+    router = cls(config=Config(), server_state=state, app_state={})
+    transport = SwitchingTransport()
+    transport.protocol = router
+    router.connection_made(cast(asyncio.Transport, transport))
+    router.data_received(_upgrade_head("/fast"))
+    assert transport.take().startswith(b"HTTP/1.1 101")
+    assert type(transport.protocol) is FastWebSocket and transport.protocol in state.connections
+
+    FakeFallback.made.clear()
+    slow = cls(config=Config(), server_state=state, app_state={})
+    other = SwitchingTransport()
+    slow.connection_made(cast(asyncio.Transport, other))
+    slow.data_received(_upgrade_head("/demo/session"))
+    (inner,) = FakeFallback.made
+    assert other.protocol is inner
+
+
 # -- the receive fast path: frames cut here, the rest by websockets ---------------------------
 
 

@@ -58,6 +58,7 @@ from appbridge.speech.base import (
     VoiceInfo,
     WordTiming,
 )
+from appbridge.speech.priority import lower_current_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,11 @@ class EspeakEngine:
     def submit(self, job: _SynthJob) -> None:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="appbridge-espeak")
+                self._executor = ThreadPoolExecutor(
+                    1,
+                    thread_name_prefix="appbridge-espeak",
+                    initializer=lower_current_thread_priority,
+                )
             try:
                 self._executor.submit(self._run, job)
             except RuntimeError as exc:  # interpreter shutting down

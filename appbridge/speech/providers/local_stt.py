@@ -66,6 +66,7 @@ from appbridge.speech.base import (
     Transcript,
 )
 from appbridge.speech.catalog import normalize_language_tag, primary_language
+from appbridge.speech.priority import lower_current_thread_priority
 from appbridge.turn.vad import Segmenter, Utterance
 
 with warnings.catch_warnings():
@@ -196,7 +197,11 @@ class WhisperEngine:
         self._model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         self._compute_type = compute_type
         self._min_frames = min(_MAX_FRAMES, int(min_window_s * 100))
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="local-stt")
+        self._pool = ThreadPoolExecutor(
+            self.workers,
+            thread_name_prefix="local-stt",
+            initializer=lower_current_thread_priority,
+        )
         self._lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None

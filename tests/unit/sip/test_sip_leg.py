@@ -219,3 +219,54 @@ def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
     proto.datagram_received(b"x", ("127.0.0.1", 4000))
     proto.datagram_received(b"x", ("::1", 4002, 0, 0))  # type: ignore[arg-type]
     assert seen == [("127.0.0.1", 4000), ("::1", 4002)]
+
+
+async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -> None:
+    """Issue 7: one loop callback per tick for every SIP leg (``TickEnds``), each hook its own
+    failure boundary; a hook added while the batch runs waits for the next one."""
+    import asyncio
+
+    from appbridge.carriers.sip.leg import tick_ends
+
+    loop = asyncio.get_running_loop()
+    batch = tick_ends(loop)
+    assert tick_ends(loop) is batch
+    ran: list[str] = []
+
+    def failing() -> None:
+        ran.append("fails")
+        raise RuntimeError("one leg's bug")
+
+    def late() -> None:
+        ran.append("late")
+
+    def first() -> None:
+        ran.append("first")
+        batch.add(late)  # scheduled from inside the batch: the next callback runs it
+
+    scheduled_before = len(loop._ready) if hasattr(loop, "_ready") else None  # asyncio's own
+    batch.add(first)
+    batch.add(failing)
+    batch.add(lambda: ran.append("third"))
+    if scheduled_before is not None:
+        assert len(loop._ready) == scheduled_before + 1  # one handle for the three hooks
+    await asyncio.sleep(0)
+    assert ran == ["first", "fails", "third"]
+    await asyncio.sleep(0)
+    assert ran == ["first", "fails", "third", "late"]
+
+
+async def test_a_leg_without_an_injected_defer_ends_its_tick_after_the_engine() -> None:
+    import asyncio
+
+    neg = make_leg()[0].negotiated
+    sent: list[RtpPacket] = []
+    leg = SipLeg(
+        neg, clock=VirtualClock(), send_datagram=lambda d, a: sent.append(RtpPacket.parse(d))
+    )
+    leg.attach(Events())
+    assert leg.frames_wanted(True) == 1
+    leg.send_frame(b"\x01" * 160)
+    assert sent == []  # held until the engine's tick is over
+    await asyncio.sleep(0)
+    assert [p.payload for p in sent] == [b"\x01" * 160]
