@@ -5,6 +5,12 @@ Reads :class:`~appbridge.testing.fake_twilio.FakeTwilioCall` (or the SIP caller,
 :class:`bench.talker.AppScript` after the calls have hung up; only what happened inside the
 hold window counts (the ramp and the hang-up are excluded). The pure pieces are in
 :mod:`bench.measure`.
+
+Receive stamps: the lean peers and the SIP caller record when the kernel queued what they
+received (bench/stamped.py), and also when their loop read it. The figures use the kernel's;
+inbound latency and caller jitter are computed a second time from the loop's
+(``inbound_latency_loop_ms``, ``jitter_loop_ms``) to show how much of the old figures was the
+generator's own lag. The classic peers have loop stamps only: both come out the same there.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ class CallerFigures:
     clears_sent: int = 0  # by the apps, in the window
     clears_at_caller: int = 0  # of those, how many reached the caller as Twilio ``clear``
     inbound_latency_ms: list[float] = field(default_factory=list)
+    # The same two figures from the loop's read instants instead of the kernel's (module doc).
+    inbound_latency_loop_ms: list[float] = field(default_factory=list)
+    jitter_loop_ms: list[float] = field(default_factory=list)
     inbound_unpaired_calls: int = 0
     inbound_frames_sent: int = 0
     inbound_frames_received: int = 0
@@ -112,6 +121,8 @@ class CallerFigures:
             "caller_jitter_ms": summarize(self.jitter_ms),
             "clear_to_silence_ms": summarize(self.clear_to_silence_ms),
             "inbound_latency_ms": summarize(self.inbound_latency_ms),
+            "inbound_latency_loop_ms": summarize(self.inbound_latency_loop_ms),
+            "caller_jitter_loop_ms": summarize(self.jitter_loop_ms),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -175,12 +186,29 @@ def _media_sent_times(call: Caller) -> list[float]:
     return [t for t, msg in call.sent if msg.get("event") == "media"]
 
 
-def _inbound_times(session: FakeSession | LeanSession) -> list[float]:
-    """Arrival of each binary frame of the caller's track at the app."""
+def _loop_times(loop_times: Sequence[float], times: Sequence[float]) -> Sequence[float]:
+    """The loop-time stamps of a recording, or its only stamps when it has no separate ones
+    (classic peers, or a recording built without them)."""
+    return loop_times if len(loop_times) == len(times) else times
+
+
+def _caller_loop_times(call: Caller, paced: Sequence[float]) -> Sequence[float]:
+    """When the caller's loop read each of ``paced`` (the arrivals its jitter is taken over)."""
+    if isinstance(call, SipCaller | LeanTwilioCall):
+        return _loop_times(call.recv_loop_times, paced)
+    return paced
+
+
+def _inbound_times(session: FakeSession | LeanSession, *, loop: bool = False) -> list[float]:
+    """Arrival of each binary frame of the caller's track at the app (``loop``: when the app's
+    loop read it, rather than the kernel's stamp)."""
     if isinstance(session, LeanSession):
+        times: Sequence[float] = session.audio_times
+        if loop:
+            times = _loop_times(session.audio_loop_times, times)
         return [
             t
-            for t, track in zip(session.audio_times, session.audio_tracks, strict=True)
+            for t, track in zip(times, session.audio_tracks, strict=True)
             if track == INBOUND_TRACK_ID
         ]
     return [
@@ -190,13 +218,14 @@ def _inbound_times(session: FakeSession | LeanSession) -> list[float]:
     ]
 
 
-def _inbound_loudness(session: LeanSession) -> list[tuple[float, bool]]:
+def _inbound_loudness(session: LeanSession, *, loop: bool = False) -> list[tuple[float, bool]]:
     """(arrival, loud) per caller frame at a lean app that tracked loudness (SIP calls)."""
+    times: Sequence[float] = session.audio_times
+    if loop:
+        times = _loop_times(session.audio_loop_times, times)
     return [
         (t, bool(loud))
-        for t, track, loud in zip(
-            session.audio_times, session.audio_tracks, session.audio_loud, strict=True
-        )
+        for t, track, loud in zip(times, session.audio_tracks, session.audio_loud, strict=True)
         if track == INBOUND_TRACK_ID
     ]
 
@@ -230,6 +259,10 @@ def _analyse_one(
     # over a few ticks instead of one (bench/measure.py caller_jitter_ms).
     streamed = isinstance(script.session, TwilioAppSession)
     out.jitter_ms += caller_jitter_ms([t for t in paced if t0 <= t < t1], lead_building=streamed)
+    paced_loop = _caller_loop_times(call, paced)
+    out.jitter_loop_ms += caller_jitter_ms(
+        [t for t in paced_loop if t0 <= t < t1], lead_building=streamed
+    )
     out.caller_protocol_errors += len(call.protocol_errors)
     out.app_protocol_errors += len(script.session.protocol_errors)
 
@@ -246,19 +279,29 @@ def _analyse_one(
             flags = _inbound_loudness(session)
             onsets = call.onset_times
             out.inbound_latency_ms += onset_latencies_flags_ms(onsets, flags, window=window)
+            loop_flags = _inbound_loudness(session, loop=True)
+            out.inbound_latency_loop_ms += onset_latencies_flags_ms(
+                onsets, loop_flags, window=window
+            )
         else:
             frames = [
                 (t, frame[1:])
                 for t, frame in zip(session.audio_times, session.audio, strict=True)
                 if frame[:1] == bytes([INBOUND_TRACK_ID])
             ]
-            out.inbound_latency_ms += onset_latencies_ms(call.onset_times, frames, window=window)
+            onsets_ms = onset_latencies_ms(call.onset_times, frames, window=window)
+            out.inbound_latency_ms += onsets_ms
+            out.inbound_latency_loop_ms += onsets_ms  # the classic app stamps with its loop
     else:
-        latencies = inbound_latencies_ms(sent, received, window=window)
-        if latencies is None:
+        paired = inbound_latencies_ms(sent, received, window=window)
+        if paired is None:
             out.inbound_unpaired_calls += 1
         else:
-            out.inbound_latency_ms += latencies
+            out.inbound_latency_ms += paired
+            received_loop = _inbound_times(session, loop=True)
+            out.inbound_latency_loop_ms += (
+                inbound_latencies_ms(sent, received_loop, window=window) or []
+            )
 
     for _, msg in script.events("error"):
         code = str(msg.get("code"))

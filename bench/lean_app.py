@@ -15,6 +15,13 @@ sessions that ask (SIP calls, whose inbound latency is read from loudness,
 frames (session.start, output events, marks: a few per second) are parsed and kept as the
 fake does. The talking script (:class:`bench.talker.TalkingApp`) drives it through the same
 ``wait_for`` / ``send`` / ``send_binary`` / ``closed`` surface as a ``FakeSession``.
+
+Receive stamps (bench/README.md, "Receive stamps"): the server is :mod:`bench.stamped`'s, so
+each frame's arrival (``audio_times``, ``message_times``) is the instant the kernel queued it
+on our socket, i.e. when the gateway wrote it, not when this busy loop read it; the loop's
+own instant is kept beside it for caller audio (``audio_loop_times``) so the step can show
+what the loop stamps would have said. On a transport without stamps (a test's) both are
+``time.monotonic()`` at ``data_received``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import numpy as np
 
 from appbridge.testing.fake_app import SIGNATURE_MAX_SKEW_S, fonoster_signature
 from bench.measure import LOUD_SAMPLE
+from bench.stamped import StampedServer, StampedTransport, start_server
 from bench.ws_lean import (
     OP_BINARY,
     OP_CLOSE,
@@ -105,13 +113,16 @@ class LeanSession(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.messages: list[dict[str, Any]] = []
         self.message_times: list[float] = []
-        self.audio_times = array("d")
+        self.audio_times = array("d")  # the kernel's arrival stamp (module doc)
+        self.audio_loop_times = array("d")  # when the loop read it (the classic stamp)
         self.audio_tracks = array("B")
         self.audio_loud = array("B")  # 1 loud; always 0 unless track_loudness
         self.track_loudness = False
         self.protocol_errors: list[str] = []
         self.close_code: int | None = None
         self._transport: asyncio.Transport | None = None
+        self._stamps: StampedTransport | None = None
+        self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._parser: FrameParser | None = None
         self._closed = False
@@ -128,12 +139,19 @@ class LeanSession(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._stamps = transport if isinstance(transport, StampedTransport) else None
 
     def data_received(self, data: bytes) -> None:
         if self._parser is None:
             self._handshake(data)
             return
-        now = time.monotonic()
+        stamps = self._stamps
+        if stamps is not None:
+            # Every frame of this read gets the read's stamp: that of its last TCP segment,
+            # later than the first frame's real arrival when there are several (conservative).
+            now, self._loop_now = stamps.rx_time, stamps.rx_loop_time
+        else:
+            now = self._loop_now = time.monotonic()
         try:
             frames = self._parser.feed(data)
         except WsProtocolError as exc:
@@ -161,6 +179,7 @@ class LeanSession(asyncio.Protocol):
     def _on_binary(self, payload: bytes, now: float) -> None:
         """A session audio frame (seed 004 "Audio"): arrival, track id byte, loud or not."""
         self.audio_times.append(now)
+        self.audio_loop_times.append(self._loop_now)
         self.audio_tracks.append(payload[0] if payload else 0)
         self.audio_loud.append(1 if self.track_loudness and frame_is_loud(payload) else 0)
 
@@ -298,7 +317,7 @@ class LeanApp:
         self.sessions: list[LeanSession] = []
         self.rejected: list[tuple[int, str]] = []
         self.handler_errors: list[BaseException] = []
-        self._server: asyncio.Server | None = None
+        self._server: StampedServer | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
     @property
@@ -310,9 +329,9 @@ class LeanApp:
         return f"ws://{self.host}:{self.port}{target}"
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.new_session, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        # Kernel-stamped sessions (module doc), not the loop's own transports.
+        self._server = await start_server(self.new_session, self.host, self.port)
+        self.port = self._server.port
 
     def new_session(self) -> LeanSession:
         """The protocol of one accepted connection (the Twilio-dialect app overrides it)."""

@@ -21,6 +21,13 @@ periodic); frames are written straight to the transport (:mod:`bench.ws_lean`); 
 gateway sends is parsed with msgspec into a typed struct and only arrival times and byte
 counts are recorded, in flat arrays. Playout is simulated at 8000 samples/s, one 20 ms frame
 per tick, as the fake does.
+
+Receive stamps (bench/README.md, "Receive stamps"): the stream runs on a
+:mod:`bench.stamped` transport, so a ``media``, ``mark`` or ``clear`` arrives at the instant
+the kernel queued it on our socket (the gateway's write), not when this busy loop read it:
+caller jitter, clear-to-silence and the frames' arrivals measure the gateway, not the
+generator. The loop's instant of each ``media`` is kept too (``recv_loop_times``), for the
+step's loop-stamped jitter.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import httpx
 import msgspec
 
 from appbridge.testing.fake_twilio import new_sid, twilio_signature, voice_webhook_form
+from bench.stamped import StampedTransport, open_connection
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
@@ -146,7 +154,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self.protocol_errors: list[str] = []
         # Recordings (monotonic seconds), flat.
         self.sent_times = array("d")
-        self.recv_times = array("d")  # each media message from the gateway
+        self.recv_times = array("d")  # each media message from the gateway (kernel stamp)
+        self.recv_loop_times = array("d")  # the same, when the loop read it
         self.recv_bytes = array("H")  # its decoded payload length
         self.heard_times = array("d")  # each playout tick
         self.heard_bytes = array("H")  # bytes of gateway audio in it
@@ -165,6 +174,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self._pending_marks: list[list[object]] = []  # [name, bytes still ahead of it]
         # Socket.
         self._transport: asyncio.Transport | None = None
+        self._stamps: StampedTransport | None = None
+        self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._key = ""
         self._parser = FrameParser(expect_masked=False)
@@ -202,7 +213,7 @@ class LeanTwilioCall(asyncio.Protocol):
         self._opened = loop.create_future()
         try:
             async with asyncio.timeout(timeout_s):
-                await loop.create_connection(lambda: self, host, port)
+                await open_connection(lambda: self, host, port)  # kernel-stamped reads
                 assert self._transport is not None
                 self._transport.write(request)
                 await self._opened
@@ -229,6 +240,7 @@ class LeanTwilioCall(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._stamps = transport if isinstance(transport, StampedTransport) else None
 
     def data_received(self, data: bytes) -> None:
         if not self.has_stream and self._opened is not None and not self._opened.done():
@@ -245,7 +257,13 @@ class LeanTwilioCall(asyncio.Protocol):
             self._opened.set_result(None)
             if not data:
                 return
-        now = time.monotonic()
+        stamps = self._stamps
+        if stamps is not None:
+            # The read's kernel stamp: its last TCP segment's, so when one read carries several
+            # messages the earlier ones are stamped late (conservative; bench/stamped.py).
+            now, self._loop_now = stamps.rx_time, stamps.rx_loop_time
+        else:
+            now = self._loop_now = time.monotonic()
         try:
             frames = self._parser.feed(data)
         except WsProtocolError as exc:
@@ -297,6 +315,7 @@ class LeanTwilioCall(asyncio.Protocol):
                 self.protocol_errors.append("media: payload is not base64")
                 return
             self.recv_times.append(now)
+            self.recv_loop_times.append(self._loop_now)
             self.recv_bytes.append(n)
             self._playout_bytes += n
         elif event == "mark":
@@ -312,11 +331,18 @@ class LeanTwilioCall(asyncio.Protocol):
         self._playout_bytes = 0
         pending = [str(m[0]) for m in self._pending_marks]
         self._pending_marks.clear()
-        if self.heard_bytes and self.heard_bytes[-1]:
+        times, sizes = self.heard_times, self.heard_bytes
+        # ``now`` is the kernel's arrival: playout ticks that ran after it, before the loop read
+        # the clear, would have been silent had it been read at once.
+        at = len(times) - 1
+        while at >= 0 and times[at] > now:
+            sizes[at] = 0
+            at -= 1
+        if at >= 0 and sizes[at]:
             # Cut the frame playing at this instant: Twilio stops output at once.
-            played = max(0, int((now - self.heard_times[-1]) * ULAW_RATE_HZ))
-            if played < self.heard_bytes[-1]:
-                self.heard_bytes[-1] = played
+            played = max(0, int((now - times[at]) * ULAW_RATE_HZ))
+            if played < sizes[at]:
+                sizes[at] = played
         self.clear_times.append(now)
         for name in pending:
             self._echo_mark(name)

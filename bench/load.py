@@ -381,7 +381,14 @@ async def _measure(
             carrier: {
                 key: value
                 for key, value in part.as_dict().items()
-                if key in ("caller_jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+                if key
+                in (
+                    "caller_jitter_ms",
+                    "clear_to_silence_ms",
+                    "inbound_latency_ms",
+                    "inbound_latency_loop_ms",
+                    "caller_jitter_loop_ms",
+                )
                 or key in ("frames_lost", "frames_expected", "clears_at_caller", "clears_sent")
             }
             for carrier, part in by_carrier.items()
@@ -408,6 +415,21 @@ async def _measure(
         ("yes" if valid else "INVALID") + ("/shared" if shared else ""),
     ]
     return data, row
+
+
+def receive_stamps_line(step: dict[str, Any], peers: str) -> str:
+    """The step's detail line on receive stamps: the table's figures use the kernel's arrival
+    stamps (bench/stamped.py); the same figures from the generator loop's read instants show
+    how much of the old figure was the generator's own lag (bench/README.md)."""
+    line = (
+        "receive stamps: kernel (table) vs generator loop, p50/p99/max ms: inbound "
+        f"{_cell(step['inbound_latency_ms'])} vs {_cell(step['inbound_latency_loop_ms'])}; "
+        f"caller jitter {_cell(step['caller_jitter_ms'])} vs "
+        f"{_cell(step['caller_jitter_loop_ms'])}"
+    )
+    if peers == "classic":
+        line += " (classic peers and their SIP callers stamp with the loop; a Twilio app does not)"
+    return line
 
 
 # ---------------------------------------------------------------------- the run
@@ -462,6 +484,7 @@ async def run(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
+        print(f"  {receive_stamps_line(data, args.peers)}", flush=True)
         if data["held"] == 0:
             print(f"bench: no call was answered; see {out_dir}/gateway-{calls}.log", flush=True)
     print()

@@ -198,7 +198,8 @@ class TwilioAppSession(LeanSession):
     def _on_text(self, payload: bytes, now: float) -> None:
         event = self.check_message(payload)
         if event == "media":
-            self.audio_times.append(now)
+            self.audio_times.append(now)  # the kernel's stamp (bench/lean_app.py)
+            self.audio_loop_times.append(self._loop_now)
             self.audio_tracks.append(INBOUND_TRACK_ID)
             self.audio_loud.append(0)
         elif event is not None:

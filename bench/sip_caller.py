@@ -26,6 +26,12 @@ packet is *audio* when its payload is not the codec's silence; :meth:`SipCaller.
 the same views as the Twilio fake: clear-to-silence is the first silent packet at or after the
 ``clear``. A spoken burst whose eSpeak audio holds a whole frame of digital silence would count
 that frame as lost; the tone bursts cannot.
+
+Receive stamps (bench/README.md, "Receive stamps"): each call's RTP socket is a
+:mod:`bench.stamped` datagram transport, so a packet's arrival (``recv_times``) is the instant
+the kernel queued it, i.e. when the gateway sent it, exact per packet; the loop's instant is
+kept beside it (``recv_loop_times``). ``kernel_stamps=False`` (the worker's ``--peers classic``)
+records the loop's instant in ``recv_times`` as before.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from appbridge.carriers.sip.message import (
 )
 from appbridge.carriers.sip.rtp import RtpSender
 from appbridge.carriers.sip.sdp import SdpError, SdpNegotiator, SessionDescription
+from bench.stamped import StampedDatagramTransport, open_datagram
 from bench.ticker import PhasedTicker
 
 __all__ = ["RtpTicker", "SipCaller", "SipEndpoint", "sip_caller_number"]
@@ -80,16 +87,30 @@ class SipCallError(Exception):
 class _RtpIn(asyncio.DatagramProtocol):
     def __init__(self, call: SipCaller) -> None:
         self.call = call
+        self.stamps: StampedDatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.stamps = transport if isinstance(transport, StampedDatagramTransport) else None
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self.call.on_rtp(data, time.monotonic())
+        stamps = self.stamps
+        if stamps is None:
+            now = time.monotonic()
+            self.call.on_rtp(data, now, now)
+        elif self.call.kernel_stamps:
+            self.call.on_rtp(data, stamps.rx_time, stamps.rx_loop_time)
+        else:
+            self.call.on_rtp(data, stamps.rx_loop_time, stamps.rx_loop_time)
 
 
 class SipCaller:
     """One SIP call of the benchmark (module doc); duck-types what :mod:`bench.analysis` reads."""
 
-    def __init__(self, endpoint: SipEndpoint, caller: str, callee: str) -> None:
+    def __init__(
+        self, endpoint: SipEndpoint, caller: str, callee: str, *, kernel_stamps: bool = True
+    ) -> None:
         self.endpoint = endpoint
+        self.kernel_stamps = kernel_stamps
         self.caller = caller
         self.callee = callee
         self.call_id = new_call_id(HOST)
@@ -102,12 +123,13 @@ class SipCaller:
         self.has_stream = False
         self.protocol_errors: list[str] = []
         self.sent_times = array("d")
-        self.recv_times = array("d")
+        self.recv_times = array("d")  # the kernel's arrival stamp (module doc)
+        self.recv_loop_times = array("d")  # when the loop read the packet
         self.recv_audio_bytes = array("H")
         self.onset_times = array("d")  # when each talkspurt's first packet went out
         self.ended_by_gateway = False
         self._cseq = 1
-        self._rtp: asyncio.DatagramTransport | None = None
+        self._rtp: StampedDatagramTransport | None = None
         self._sender = RtpSender(payload_type=0)
         self._talk = b""
         self._talk_at = 0
@@ -158,9 +180,7 @@ class SipCaller:
     async def place(self, timeout_s: float) -> None:
         """INVITE, wait for the final response, ACK; raises :class:`SipCallError` if refused."""
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _RtpIn(self), local_addr=(HOST, 0)
-        )
+        transport, _ = await open_datagram(lambda: _RtpIn(self), (HOST, 0))  # stamped reads
         self._rtp = transport
         rtp_port = transport.get_extra_info("sockname")[1]
         negotiator = SdpNegotiator(
@@ -298,12 +318,15 @@ class SipCaller:
         self._rtp.sendto(self._sender.audio(payload), self.remote_rtp)
         self.sent_times.append(now)
 
-    def on_rtp(self, data: bytes, now: float) -> None:
+    def on_rtp(self, data: bytes, now: float, loop_now: float | None = None) -> None:
+        """A packet from the gateway that arrived at ``now`` (the kernel's stamp) and was read
+        at ``loop_now`` (default: ``now``)."""
         if len(data) < RTP_HEADER_BYTES or data[0] >> 6 != 2:
             self.protocol_errors.append(f"not RTP: {len(data)} bytes")
             return
         payload = data[RTP_HEADER_BYTES + 4 * (data[0] & 0x0F) :]
         self.recv_times.append(now)
+        self.recv_loop_times.append(now if loop_now is None else loop_now)
         self.recv_audio_bytes.append(0 if payload in SILENT_PAYLOADS else len(payload))
 
     # -- tear-down --------------------------------------------------------------------------

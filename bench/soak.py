@@ -390,7 +390,13 @@ def _summarise(
     figs = [f["figures"] for f in finishes]
     caller = {
         name: _worst([f[name + "_summary"] for f in figs])
-        for name in ("jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+        for name in (
+            "jitter_ms",
+            "clear_to_silence_ms",
+            "inbound_latency_ms",
+            "jitter_loop_ms",
+            "inbound_latency_loop_ms",
+        )
     }
 
     def total(key: str) -> int:

@@ -53,7 +53,14 @@ SETTLE_S = 2.0
 #: Bound on waiting for one call's app session, and for a call's two ends to close.
 CALL_UP_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
-SAMPLE_FIELDS = ("jitter_ms", "clear_to_silence_ms", "inbound_latency_ms")
+SAMPLE_FIELDS = (
+    "jitter_ms",
+    "clear_to_silence_ms",
+    "inbound_latency_ms",
+    # The same figures from loop-time receive stamps (bench/analysis.py), for comparison.
+    "jitter_loop_ms",
+    "inbound_latency_loop_ms",
+)
 #: How often the worker moves what is alive into the collector's permanent generation.
 FREEZE_PERIOD_S = 1.0
 

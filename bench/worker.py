@@ -367,7 +367,10 @@ class Worker:
     async def _place_sip(self, slot: Placed, to: str) -> None:
         assert self.sip is not None
         self.sip_serial += 1
-        call = SipCaller(self.sip, sip_caller_number(self.index, self.sip_serial), to)
+        # Kernel receive stamps with the lean peers; the classic ones keep the loop's
+        # (bench/README.md, "Receive stamps").
+        number = sip_caller_number(self.index, self.sip_serial)
+        call = SipCaller(self.sip, number, to, kernel_stamps=self.peers == "lean")
         try:
             await call.place(timeout_s=30.0)
         except SipCallError as exc:

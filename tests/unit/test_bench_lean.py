@@ -198,6 +198,9 @@ async def test_lean_app_serves_a_signed_session_to_a_real_websockets_client() ->
         assert started == [start]
         assert list(session.audio_tracks) == [1, 2] and list(session.audio_loud) == [1, 0]
         assert len(session.audio_times) == 2 and session.protocol_errors == []
+        # Kernel receive stamps (bench/stamped.py), each no later than the loop's read.
+        pairs = zip(session.audio_times, session.audio_loop_times, strict=True)
+        assert len(session.audio_loop_times) == 2 and all(k <= t for k, t in pairs)
         assert session.close_code == 1000
         assert app.rejected == [(401, "signature mismatch")]
     finally:
@@ -405,6 +408,7 @@ async def test_lean_caller_talks_to_a_real_websockets_server() -> None:
             assert (form["From"], form["To"], form["CallStatus"]) == ("+1555", "+1666", "ringing")
             twilio.ticker.tick_group(0, time.monotonic())
             await asyncio.wait_for(_until(lambda: len(call.recv_times) == 1), 5.0)
+            assert call.recv_times[0] <= call.recv_loop_times[0]  # the kernel's stamp first
             for _ in range(2):
                 twilio.ticker.tick_group(0, time.monotonic())
             await asyncio.wait_for(_until(lambda: any(m["event"] == "mark" for m in got)), 5.0)

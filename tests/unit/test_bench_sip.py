@@ -152,10 +152,15 @@ async def test_invite_ack_rtp_both_ways_and_bye(
     # Gateway -> caller: audio is told from silence.
     assert uas.rtp is not None
     head = bytes([0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1])
+    sent_at = time.monotonic()
     uas.rtp.sendto(head + b"\x22" * FRAME_BYTES, uas.peer_rtp)  # type: ignore[attr-defined]
     uas.rtp.sendto(head + ULAW_SILENCE, uas.peer_rtp)  # type: ignore[attr-defined]
     await asyncio.wait_for(_until(lambda: len(call.recv_times) == 2), WAIT_S)
     assert list(call.recv_audio_bytes) == [FRAME_BYTES, 0]
+    # Kernel receive stamps (bench/stamped.py): after the send, never after the loop's read.
+    assert len(call.recv_loop_times) == 2
+    for kernel, loop in zip(call.recv_times, call.recv_loop_times, strict=True):
+        assert sent_at - 0.001 <= kernel <= loop
     assert [n for _, n in call.media_arrivals()] == [FRAME_BYTES]
 
     await call.hangup(timeout_s=WAIT_S)
