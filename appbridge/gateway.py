@@ -24,7 +24,7 @@ from appbridge.carriers.twilio import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
 from appbridge.config import Config
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
-from appbridge.media.media_clock import MediaClock
+from appbridge.media.media_clock import MediaClock, slice_from_env
 from appbridge.net.loop_watch import LoopStallWatch, MemoryDiffLog, threshold_from_env
 from appbridge.net.ws_client import close_all
 from appbridge.speech.base import SttProvider
@@ -96,7 +96,7 @@ class Gateway:
         self.clock: Clock = clock or SystemClock()
         self.catalog = catalog or build_catalog(config)
         self.registry = CallRegistry()
-        self.media_clock = MediaClock()
+        self.media_clock = MediaClock(slice_size=slice_from_env())
         self.metrics = Metrics()
         self.http = http or httpx.AsyncClient(
             timeout=10.0, headers={"User-Agent": "AppBridge"}, follow_redirects=False
@@ -120,7 +120,7 @@ class Gateway:
         # Opt-in diagnostic (APPBRIDGE_STALL_TRACE_MS): log what holds the loop too long.
         self.stall_watch: LoopStallWatch | None = None
         self.memory_log: MemoryDiffLog | None = None
-        # Full garbage collections every 2 s between ticks, not one big one a minute
+        # Full garbage collections every 10 s between ticks, not one big one a minute
         # (media/gc_pacer.py); APPBRIDGE_GC_PERIOD_S=0 leaves CPython's schedule.
         gc_period_s = period_from_env()
         self.gc_pacer = GcPacerShell(GcPacer(gc_period_s)) if gc_period_s is not None else None
@@ -192,7 +192,7 @@ class Gateway:
         _preload_lazy_imports()
         self.media_clock.start()
         if self.gc_pacer is not None:
-            self.gc_pacer.start(asyncio.get_running_loop())
+            self.gc_pacer.start(asyncio.get_running_loop(), self.media_clock.call_after_tick)
             self._gc_key = self.media_clock.subscribe(self.gc_pacer.on_tick)
         stall_threshold_s = threshold_from_env()
         if stall_threshold_s is not None:

@@ -11,10 +11,15 @@ raises the process's high-water RSS in the meantime.
 
 What: automatic full passes are switched off (``gc.set_threshold(t0, t1, FULL_PASS_OFF)``: the
 young generations are collected as before) and the media clock triggers one every ``period_s``
-(2 s), scheduled with ``call_soon`` right after a tick so the pass has the rest of the 20 ms
-frame to itself. A pass then walks the live objects (start-up ones are frozen, server.py) and
-frees two seconds' garbage: a few milliseconds. ``APPBRIDGE_GC_PERIOD_S`` sets the period;
-``0`` keeps CPython's own schedule.
+(10 s) right after a tick's last slice (``MediaClock.call_after_tick``), so the pass has the
+rest of the 20 ms frame to itself. A pass walks every live object but the frozen start-up ones
+(server.py): its cost follows the live calls, not the garbage (7-10 ms at 150 calls, 10-19 ms
+at 200, measured with ``APPBRIDGE_STALL_TRACE_MS``), and the loop then needs as long again to
+serve what arrived meanwhile. Every 2 s (the first setting) that put one caller frame in a
+hundred behind such a stall and was the main source of the p99 tails at 150-200 calls; every
+10 s it is one in five hundred, while ten seconds of churn add little to a pass (about 80
+objects per ended call) and hold a few megabytes at most. ``APPBRIDGE_GC_PERIOD_S`` sets the
+period; ``0`` keeps CPython's own schedule.
 
 The decision is sans-I/O (:class:`GcPacer`: time is an argument); :class:`GcPacerShell` wires it
 to the media clock and the ``gc`` module.
@@ -39,7 +44,7 @@ __all__ = [
 ]
 
 ENV_VAR = "APPBRIDGE_GC_PERIOD_S"
-DEFAULT_PERIOD_S = 2.0
+DEFAULT_PERIOD_S = 10.0
 #: A third threshold no gen-1 count reaches: CPython never starts a full pass by itself.
 FULL_PASS_OFF = 1_000_000_000
 
@@ -92,10 +97,18 @@ class GcPacerShell:
         self._clock = clock
         self._saved_threshold: tuple[int, int, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._after_tick: Callable[[Callable[[], None]], None] | None = None
         self._pending = False
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        after_tick: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """``after_tick`` runs a hook once the media clock's current tick is over (its last
+        slice, ``MediaClock.call_after_tick``); without it the pass follows with ``call_soon``."""
         self._loop = loop
+        self._after_tick = after_tick
         self._saved_threshold = gc.get_threshold()
         young, middle, _ = self._saved_threshold
         gc.set_threshold(young, middle, FULL_PASS_OFF)
@@ -111,7 +124,10 @@ class GcPacerShell:
         if self._loop is None or self._pending or not self.pacer.due(self._clock()):
             return
         self._pending = True
-        self._loop.call_soon(self._collect)
+        if self._after_tick is not None:
+            self._after_tick(self._collect)
+        else:
+            self._loop.call_soon(self._collect)
 
     def _collect(self) -> None:
         self._pending = False

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,36 @@ class LatenessHistogram:
 Tickable = Callable[[int], None]
 
 
-class MediaClock:
-    """Calls every registered tick function once per 20 ms frame, with the tick number."""
+#: Subscribers ticked per loop callback. Between two slices the loop serves the sockets, so a
+#: caller packet or an app ``clear`` that arrives during a tick waits for one slice rather than
+#: for every call's tick (issue 7: inbound latency and clear-to-silence tails).
+DEFAULT_SLICE_SUBSCRIBERS = 32
+SLICE_ENV_VAR = "APPBRIDGE_TICK_SLICE"
 
-    def __init__(self) -> None:
+
+def slice_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``APPBRIDGE_TICK_SLICE``: subscribers per slice; ``0`` ticks every call in one go."""
+    text = (environ if environ is not None else os.environ).get(SLICE_ENV_VAR, "").strip()
+    if not text:
+        return DEFAULT_SLICE_SUBSCRIBERS
+    try:
+        size = int(text)
+    except ValueError:
+        return DEFAULT_SLICE_SUBSCRIBERS
+    return size if size > 0 else None
+
+
+class MediaClock:
+    """Calls every registered tick function once per 20 ms frame, with the tick number.
+
+    The real-time loop (:meth:`start`) ticks the subscribers in slices of ``slice_size``, each
+    slice its own loop callback (module constant's comment); :meth:`run_tick` ticks them all at
+    once (the tests drive it by hand). Either way each subscriber is ticked once per tick, in
+    subscription order, and not after it unsubscribed; hooks given to :meth:`call_after_tick`
+    run once the tick's last slice is done.
+    """
+
+    def __init__(self, *, slice_size: int | None = DEFAULT_SLICE_SUBSCRIBERS) -> None:
         self._subscribers: dict[int, Tickable] = {}
         self._next_key = 0
         self._task: asyncio.Task[None] | None = None
@@ -66,6 +93,12 @@ class MediaClock:
         self.lateness = LatenessHistogram()
         self.resyncs = 0
         self.tick_errors = 0
+        self.slice_size = slice_size
+        self._order: list[tuple[int, Tickable]] = []
+        self._pos = 0
+        self._after: list[Callable[[], None]] = []
+        self._ticking = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def subscribe(self, fn: Tickable) -> int:
         key = self._next_key
@@ -80,9 +113,22 @@ class MediaClock:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
+    @property
+    def in_tick(self) -> bool:
+        """A tick has begun and its last slice is not done yet."""
+        return self._ticking
+
+    def call_after_tick(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the current tick is over (its last slice); at once between ticks."""
+        if self.in_tick:
+            self._after.append(hook)
+        else:
+            hook()
+
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="media-clock")
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name="media-clock")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -92,21 +138,60 @@ class MediaClock:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._loop = None
 
     def run_tick(self) -> None:
-        """One tick for every subscriber. Each subscriber is its own failure boundary."""
+        """One tick for every subscriber, all in this call."""
+        self.begin_tick()
+        self._run_slice(None)
+
+    def begin_tick(self) -> None:
+        """Start a tick: a tick still unfinished is finished first (a tick never overlaps the
+        next one), then the subscribers are fixed for this tick."""
+        if self.in_tick:
+            self._run_slice(None)
         self.tick += 1
-        tick = self.tick
-        for key, fn in list(self._subscribers.items()):
+        self._order = list(self._subscribers.items())
+        self._pos = 0
+        self._ticking = True
+
+    def _run_slice(self, size: int | None) -> None:
+        """Tick the next ``size`` subscribers (all when None). Each subscriber is its own
+        failure boundary; one that failed is removed."""
+        order, tick, subscribers = self._order, self.tick, self._subscribers
+        start = self._pos
+        end = len(order) if size is None else min(len(order), start + size)
+        self._pos = end  # first: a subscriber that ends the tick early must not re-run these
+        for key, fn in order[start:end]:
+            if key not in subscribers:
+                continue  # unsubscribed since the tick began (a call that ended)
             try:
                 fn(tick)
             except Exception:
                 self.tick_errors += 1
-                self._subscribers.pop(key, None)
+                subscribers.pop(key, None)
                 log.exception("media tick failed; the subscriber is removed")
+        if self._pos < len(order):
+            assert self._loop is not None
+            self._loop.call_soon(self._next_slice, tick)
+            return
+        self._order = []
+        self._pos = 0
+        self._ticking = False
+        after, self._after = self._after, []
+        for hook in after:
+            try:
+                hook()
+            except Exception:
+                log.exception("media clock: after-tick hook failed")
+
+    def _next_slice(self, tick: int) -> None:
+        if tick == self.tick and self.in_tick:  # else finished already by the next begin_tick
+            self._run_slice(self.slice_size)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         next_deadline = loop.time() + FRAME_S
         while True:
             delay = next_deadline - loop.time()
@@ -115,7 +200,8 @@ class MediaClock:
             now = loop.time()
             late_s = now - next_deadline
             self.lateness.record(late_s * 1000.0)
-            self.run_tick()
+            self.begin_tick()
+            self._run_slice(self.slice_size)
             next_deadline += FRAME_S
             if loop.time() - next_deadline > RESYNC_AFTER_FRAMES * FRAME_S:
                 self.resyncs += 1

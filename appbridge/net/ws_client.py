@@ -19,7 +19,7 @@ from typing import cast
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
-from websockets.http11 import Response
+from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
@@ -54,9 +54,12 @@ class WsClient(asyncio.Protocol):
         on_closed: Callable[[int | None, str], None],
     ) -> None:
         self._proto = ClientProtocol(parse_uri(url), max_size=max_size)
-        self._request = self._proto.connect()
+        request = self._proto.connect()
         for name, value in headers.items():
-            self._request.headers[name] = value
+            request.headers[name] = value
+        # Sent once, then let go: a connection lives as long as its call, and every object it
+        # keeps is walked by each full collection (media/gc_pacer.py).
+        self._request: Request | None = request
         self._on_text = on_text
         self._on_binary = on_binary
         self._on_pong = on_pong
@@ -88,7 +91,9 @@ class WsClient(asyncio.Protocol):
         # uvloop's transports are not subclasses of asyncio.Transport; they implement it.
         self._transport = cast(asyncio.Transport, transport)
         OPEN_CLIENTS.add(self)
-        self._proto.send_request(self._request)
+        if self._request is not None:
+            self._proto.send_request(self._request)
+            self._request = None
         self._flush()
 
     def data_received(self, data: bytes) -> None:

@@ -67,3 +67,27 @@ async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> 
     finally:
         shell.stop()
     assert gc.get_threshold() == before
+
+
+async def test_with_the_media_clock_the_pass_waits_for_the_ticks_last_slice() -> None:
+    from appbridge.media.media_clock import MediaClock
+
+    clock = VirtualClock()
+    media = MediaClock(slice_size=1)
+    media._loop = asyncio.get_running_loop()  # what MediaClock.start() sets
+    shell = GcPacerShell(GcPacer(period_s=2.0), clock=clock.now)
+    shell.start(asyncio.get_running_loop(), media.call_after_tick)
+    seen: list[str] = []
+    try:
+        media.subscribe(shell.on_tick)
+        media.subscribe(lambda tick: seen.append(f"call@{tick}:passes={shell.pacer.passes}"))
+        media.run_tick()  # starts the schedule
+        clock.advance(2.0)
+        media.begin_tick()
+        media._run_slice(1)  # the pacer's slice: the pass is due, but calls still wait
+        assert shell.pacer.passes == 0
+        await asyncio.sleep(0)  # the call's slice, then the pass
+        assert seen == ["call@1:passes=0", "call@2:passes=0"]
+        assert shell.pacer.passes == 1
+    finally:
+        shell.stop()

@@ -110,3 +110,64 @@ def test_a_failing_subscriber_is_removed_and_others_keep_ticking() -> None:
     assert ticks == [1, 2]
     assert clock.tick_errors == 1
     assert clock.subscribers == 1
+
+
+# -- the tick in slices (issue 7): the loop serves sockets between slices -------------------------
+
+
+async def test_a_sliced_tick_lets_other_callbacks_run_between_slices() -> None:
+    import asyncio
+
+    from appbridge.media.media_clock import slice_from_env
+
+    loop = asyncio.get_running_loop()
+    clock = MediaClock(slice_size=2)
+    clock._loop = loop  # what start() sets; the test drives the ticks itself
+    seen: list[str] = []
+
+    def sub(name: str, action: object = None) -> int:
+        def on_tick(tick: int) -> None:
+            seen.append(f"{name}@{tick}")
+            if callable(action):
+                action()
+
+        return clock.subscribe(on_tick)
+
+    sub("a", lambda: loop.call_soon(seen.append, "packet"))  # as a socket read would be
+    sub("b")
+    sub("c", lambda: clock.unsubscribe(d_key))  # a call ending mid-tick
+    d_key = sub("d")
+    sub("e")
+    clock.begin_tick()
+    clock.call_after_tick(lambda: seen.append("after"))
+    clock._run_slice(clock.slice_size)
+    assert seen == ["a@1", "b@1"] and clock.in_tick
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert seen == ["a@1", "b@1", "packet", "c@1", "e@1", "after"]
+    assert not clock.in_tick
+    clock.call_after_tick(lambda: seen.append("between ticks"))  # no tick running: at once
+    assert seen[-1] == "between ticks"
+    assert slice_from_env({}) == 32 and slice_from_env({"APPBRIDGE_TICK_SLICE": "0"}) is None
+    assert slice_from_env({"APPBRIDGE_TICK_SLICE": "x"}) == 32
+
+
+async def test_a_tick_never_overlaps_the_next_one() -> None:
+    import asyncio
+
+    clock = MediaClock(slice_size=1)
+    clock._loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    clock.subscribe(lambda tick: seen.append(f"x@{tick}"))
+    clock.subscribe(lambda tick: seen.append(f"y@{tick}"))
+    clock.begin_tick()
+    clock._run_slice(1)
+    assert seen == ["x@1"]
+    # The next deadline came before the loop ran the rest (an overloaded loop): tick 1 ends
+    # first, then tick 2 begins; the stale slice callback of tick 1 does nothing.
+    clock.begin_tick()
+    clock._run_slice(1)
+    assert seen == ["x@1", "y@1", "x@2"]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert seen == ["x@1", "y@1", "x@2", "y@2"]
