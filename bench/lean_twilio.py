@@ -47,7 +47,13 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from appbridge.testing.fake_twilio import new_sid, twilio_signature, voice_webhook_form
+from appbridge.testing.fake_twilio import (
+    FakeTwilioCall,
+    FakeTwilioRest,
+    new_sid,
+    twilio_signature,
+    voice_webhook_form,
+)
 from bench.stamped import StampedTransport, open_connection
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
@@ -141,6 +147,13 @@ class LeanTwilioCall(asyncio.Protocol):
         self.call_sid = call_sid
         self.from_ = from_
         self.to = to
+        # The Call resource's fields, for the fake REST API (FakeTwilioRest.resource).
+        self.direction = "inbound"
+        self.status = "in-progress"
+        self.started_wall = time.time()
+        self.ended_wall: float | None = None
+        self.updates: list[dict[str, str]] = []
+        self.ended_by: str | None = None
         self.webhook_status = 0
         self.twiml_verbs: list[str] = []
         self.stream_url: str | None = None
@@ -182,6 +195,16 @@ class LeanTwilioCall(asyncio.Protocol):
         self._opened: asyncio.Future[None] | None = None
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._masks = twilio.masks
+
+    @property
+    def account_sid(self) -> str:
+        return self.twilio.account_sid
+
+    async def _end_stream(self, by: str) -> None:
+        """Twilio ends the stream after a REST update (the gateway's hang-up): ``stop``, then
+        the close, as :class:`~appbridge.testing.FakeTwilioCall` does."""
+        self.ended_by = by
+        await self.hangup()
 
     # -- what bench.analysis reads (the SipCaller views) ------------------------------------
     def media_arrivals(self) -> list[tuple[float, int]]:
@@ -434,6 +457,9 @@ class LeanTwilioCall(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.status = "completed"
+        if self.ended_wall is None:
+            self.ended_wall = time.time()
         self.twilio.ticker.discard(self)
         if self._opened is not None and not self._opened.done():
             self._opened.set_exception(ConnectionError("closed during the handshake"))
@@ -459,7 +485,12 @@ class LeanTwilio:
         auth_token: str,
         client: httpx.AsyncClient,
         slots: int = 4,
+        rest: FakeTwilioRest | None = None,
     ) -> None:
+        """``rest``: the fake REST API the gateway's hang-ups reach, when it runs in this
+        process: each call is known to it, as Twilio knows its calls, finished ones included
+        (without it the gateway's hang-up is answered 404 and the gateway closes the stream)."""
+        self.rest = rest
         self.gateway_base_url = gateway_base_url.rstrip("/")
         self.account_sid = account_sid
         self.auth_token = auth_token
@@ -475,6 +506,8 @@ class LeanTwilio:
         """POST the signed voice webhook and open the stream its TwiML names."""
         call = LeanTwilioCall(self, new_sid("CA"), from_, to)
         self.calls.append(call)
+        if self.rest is not None:
+            self.rest.register(cast(FakeTwilioCall, call))  # duck-typed: the fields it reads
         form = voice_webhook_form(call.call_sid, self.account_sid, from_, to, extra_params)
         url = self.gateway_base_url + "/twilio/voice"
         headers = {

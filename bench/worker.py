@@ -274,6 +274,7 @@ class Worker:
                 auth_token=self.twilio_token,
                 client=self.webhook_client,
                 slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
+                rest=self.rest,
             )
         else:
             self.twilio = FakeTwilio(
