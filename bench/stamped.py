@@ -38,7 +38,7 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -155,7 +155,164 @@ def _report(
     loop.call_exception_handler({"message": message, "exception": exc, "transport": transport})
 
 
-class StampedTransport(asyncio.Transport):
+class _StampedBase(asyncio.BaseTransport):
+    """What the stream and the datagram transport share (module doc): the socket, the stamped
+    read's bookkeeping, protocol calls, and closing (as :class:`StampedTransport` says)."""
+
+    __slots__ = (
+        "_buffer",
+        "_clock",
+        "_closing",
+        "_fd",
+        "_loop",
+        "_lost",
+        "_protocol",
+        "_reading",
+        "_recvmsg",
+        "_sock",
+        "rx_loop_time",
+        "rx_time",
+        "unstamped_reads",
+    )
+
+    #: What the kernel has not taken yet (the subclass sets it: bytes or queued datagrams).
+    _buffer: bytearray | collections.deque[tuple[bytes, Any]]
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        protocol: asyncio.BaseProtocol,
+        clock: StampClock,
+        extra: dict[str, Any],
+    ) -> None:
+        super().__init__(extra)
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._recvmsg = sock.recvmsg
+        self._protocol: Any = protocol
+        self._clock = clock
+        self._closing = False
+        self._lost = False
+        self._reading = False
+        self.rx_time = 0.0
+        self.rx_loop_time = 0.0
+        self.unstamped_reads = 0
+
+    def _start(self) -> None:
+        """Hand the transport to the protocol, then read unless it closed it already (the
+        subclass calls this last in ``__init__``, once its own state is set)."""
+        self._protocol.connection_made(self)
+        self._start_reading()
+
+    # -- reading (the subclass gives the read size, and what a failed and a good read do) ---
+    _recv_bytes: int
+    _read_failed: Callable[[OSError], None]
+    _received: Callable[[bytes, Any], None]
+
+    def _read_ready(self) -> None:
+        """One ``recvmsg`` per readiness callback, stamped: ``rx_loop_time`` is now, ``rx_time``
+        the kernel's arrival time (:meth:`StampClock.stamp`, its common case inlined: our one
+        control message, the timestamp), or now when the kernel gave none."""
+        try:
+            data, ancillary, _flags, addr = self._recvmsg(self._recv_bytes, ANCILLARY_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._read_failed(exc)
+            return
+        self.rx_loop_time = now = _monotonic()
+        if not ancillary:
+            self.rx_time = now
+            self.unstamped_reads += 1
+        else:
+            clock = self._clock
+            if now >= clock.refresh_at:
+                clock.refresh(now)
+            level, kind, raw = ancillary[0]
+            if kind == SCM_TIMESTAMPNS and level == _SOL_SOCKET and len(raw) >= 16:
+                sec, nsec = _unpack_timespec(raw)
+                at = (sec - clock.offset_s) + nsec * 1e-9
+                self.rx_time = at if at < now else now
+            else:
+                self.rx_time = clock.stamp(ancillary, now)
+        self._received(data, addr)
+
+    def _start_reading(self) -> None:
+        if not self._reading and not self._closing:
+            self._reading = True
+            self._loop.add_reader(self._fd, self._read_ready)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._fd)
+
+    def _call_protocol(self, name: str, *args: Any, fatal: bool = False) -> Any:
+        """``protocol.<name>(*args)``'s result; a failure is reported to the loop's exception
+        handler (as asyncio's transports do), closes the transport when ``fatal``, and gives
+        None."""
+        try:
+            return getattr(self._protocol, name)(*args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            _report(self._loop, f"protocol.{name}() failed", exc, self)
+            if fatal:
+                self._force_close(exc)
+            return None
+
+    # -- closing ----------------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading; close once what was written has been sent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._stop_reading()
+        if not self._buffer:
+            self._connection_lost_soon(None)
+
+    def abort(self) -> None:
+        """Close at once; what is still buffered is dropped."""
+        self._force_close(None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._loop.remove_writer(self._fd)
+        self._closing = True
+        self._stop_reading()
+        self._connection_lost_soon(exc)
+
+    def _flushed(self) -> None:
+        """The write buffer has drained: stop watching for writability; finish a close."""
+        self._loop.remove_writer(self._fd)
+        if self._closing:
+            self._connection_lost_soon(None)
+
+    def _connection_lost_soon(self, exc: BaseException | None) -> None:
+        if not self._lost:
+            self._lost = True
+            self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
+        finally:
+            self._sock.close()
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        protocol: asyncio.BaseProtocol = self._protocol
+        return protocol
+
+
+class StampedTransport(_StampedBase, asyncio.Transport):
     """A TCP stream transport over a connected non-blocking socket (module doc).
 
     Reads: one ``recvmsg`` per readiness callback, stamped (``rx_time``, ``rx_loop_time``),
@@ -166,24 +323,9 @@ class StampedTransport(asyncio.Transport):
     in asyncio, and the socket is closed after it.
     """
 
-    __slots__ = (
-        "_buffer",
-        "_clock",
-        "_closing",
-        "_fd",
-        "_high_water",
-        "_loop",
-        "_lost",
-        "_low_water",
-        "_protocol",
-        "_protocol_paused",
-        "_reading",
-        "_recvmsg",
-        "_sock",
-        "rx_loop_time",
-        "rx_time",
-        "unstamped_reads",
-    )
+    __slots__ = ("_high_water", "_low_water", "_protocol_paused")
+
+    _buffer: bytearray
 
     def __init__(
         self,
@@ -197,84 +339,31 @@ class StampedTransport(asyncio.Transport):
             extra["sockname"] = sock.getsockname()
         with contextlib.suppress(OSError):
             extra["peername"] = sock.getpeername()
-        super().__init__(extra)
-        self._loop = loop
-        self._sock = sock
-        self._fd = sock.fileno()
-        self._recvmsg = sock.recvmsg
-        self._protocol: Any = protocol
-        self._clock = clock
+        super().__init__(loop, sock, protocol, clock, extra)
         self._buffer = bytearray()
-        self._closing = False
-        self._lost = False
-        self._reading = False
         self._protocol_paused = False
         self._high_water = HIGH_WATER_BYTES
         self._low_water = LOW_WATER_BYTES
-        self.rx_time = 0.0
-        self.rx_loop_time = 0.0
-        self.unstamped_reads = 0
-        protocol.connection_made(self)
-        if not self._closing:
-            self._reading = True
-            loop.add_reader(self._fd, self._read_ready)
+        self._start()
 
     # -- reading ----------------------------------------------------------------------------
-    def _read_ready(self) -> None:
-        try:
-            data, ancillary, _flags, _addr = self._recvmsg(RECV_BYTES, ANCILLARY_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._force_close(exc)
-            return
-        self.rx_loop_time = now = _monotonic()
-        if ancillary:
-            # The hot path (clock.stamp inlined): our one control message, the timestamp.
-            clock = self._clock
-            if now >= clock.refresh_at:
-                clock.refresh(now)
-            level, kind, raw = ancillary[0]
-            if kind == SCM_TIMESTAMPNS and level == _SOL_SOCKET and len(raw) >= 16:
-                sec, nsec = _unpack_timespec(raw)
-                at = (sec - clock.offset_s) + nsec * 1e-9
-                self.rx_time = at if at < now else now
-            else:
-                self.rx_time = clock.stamp(ancillary, now)
-        else:
-            self.rx_time = self._unstamped(now)
+    _recv_bytes = RECV_BYTES
+
+    def _read_failed(self, exc: OSError) -> None:
+        self._force_close(exc)
+
+    def _received(self, data: bytes, addr: Any) -> None:
+        """An empty read is EOF; data goes to the protocol (a failure closes the connection)."""
         if not data:
             self._read_eof()
             return
-        try:
-            self._protocol.data_received(data)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            _report(self._loop, "protocol.data_received() failed", exc, self)
-            self._force_close(exc)
-
-    def _unstamped(self, now: float) -> float:
-        self.unstamped_reads += 1
-        return now
+        self._call_protocol("data_received", data, fatal=True)
 
     def _read_eof(self) -> None:
         self._stop_reading()
-        try:
-            keep_open = self._protocol.eof_received()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            _report(self._loop, "protocol.eof_received() failed", exc, self)
-            self._force_close(exc)
-            return
-        if not keep_open:
+        # After a failure the transport is closed already, and close() does nothing.
+        if not self._call_protocol("eof_received", fatal=True):
             self.close()
-
-    def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
-            self._loop.remove_reader(self._fd)
 
     def is_reading(self) -> bool:
         return self._reading
@@ -283,9 +372,7 @@ class StampedTransport(asyncio.Transport):
         self._stop_reading()
 
     def resume_reading(self) -> None:
-        if not self._reading and not self._closing:
-            self._reading = True
-            self._loop.add_reader(self._fd, self._read_ready)
+        self._start_reading()
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -324,17 +411,7 @@ class StampedTransport(asyncio.Transport):
             self._protocol_paused = False
             self._call_protocol("resume_writing")
         if not buffer:
-            self._loop.remove_writer(self._fd)
-            if self._closing:
-                self._connection_lost_soon(None)
-
-    def _call_protocol(self, name: str) -> None:
-        try:
-            getattr(self._protocol, name)()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            _report(self._loop, f"protocol.{name}() failed", exc, self)
+            self._flushed()
 
     def get_write_buffer_size(self) -> int:
         return len(self._buffer)
@@ -349,71 +426,19 @@ class StampedTransport(asyncio.Transport):
     def can_write_eof(self) -> bool:
         return False
 
-    # -- closing ----------------------------------------------------------------------------
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        """Stop reading; close once what was written has been sent."""
-        if self._closing:
-            return
-        self._closing = True
-        self._stop_reading()
-        if not self._buffer:
-            self._connection_lost_soon(None)
-
-    def abort(self) -> None:
-        """Close at once; what is still buffered is dropped."""
-        self._force_close(None)
-
-    def _force_close(self, exc: BaseException | None) -> None:
-        if self._lost:
-            return
-        if self._buffer:
-            self._buffer.clear()
-            self._loop.remove_writer(self._fd)
-        self._closing = True
-        self._stop_reading()
-        self._connection_lost_soon(exc)
-
-    def _connection_lost_soon(self, exc: BaseException | None) -> None:
-        if not self._lost:
-            self._lost = True
-            self._loop.call_soon(self._call_connection_lost, exc)
-
-    def _call_connection_lost(self, exc: BaseException | None) -> None:
-        try:
-            self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
-        finally:
-            self._sock.close()
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        protocol: asyncio.BaseProtocol = self._protocol
-        return protocol
-
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
 
 
-class StampedDatagramTransport(asyncio.DatagramTransport):
+class StampedDatagramTransport(_StampedBase, asyncio.DatagramTransport):
     """A UDP transport over a bound non-blocking socket (module doc): one stamped ``recvmsg``
     per readiness callback, then ``protocol.datagram_received``; ``sendto`` sends at once and
-    queues what would block (sent from ``add_writer``)."""
+    queues what would block (sent from ``add_writer``). Closing as in :class:`_StampedBase`;
+    ``connection_lost`` is always given None."""
 
-    __slots__ = (
-        "_buffer",
-        "_clock",
-        "_closing",
-        "_fd",
-        "_loop",
-        "_lost",
-        "_protocol",
-        "_recvmsg",
-        "_sock",
-        "rx_loop_time",
-        "rx_time",
-        "unstamped_reads",
-    )
+    __slots__ = ()
+
+    _buffer: collections.deque[tuple[bytes, Any]]
 
     def __init__(
         self,
@@ -422,53 +447,33 @@ class StampedDatagramTransport(asyncio.DatagramTransport):
         protocol: asyncio.DatagramProtocol,
         clock: StampClock = CLOCK,
     ) -> None:
-        super().__init__({"socket": sock, "sockname": sock.getsockname()})
-        self._loop = loop
-        self._sock = sock
-        self._fd = sock.fileno()
-        self._recvmsg = sock.recvmsg
-        self._protocol = protocol
-        self._clock = clock
-        self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
-        self._closing = False
-        self._lost = False
-        self.rx_time = 0.0
-        self.rx_loop_time = 0.0
-        self.unstamped_reads = 0
-        protocol.connection_made(self)
-        if not self._closing:
-            loop.add_reader(self._fd, self._read_ready)
+        super().__init__(
+            loop, sock, protocol, clock, {"socket": sock, "sockname": sock.getsockname()}
+        )
+        self._buffer = collections.deque()
+        self._start()
 
-    def _read_ready(self) -> None:
-        try:
-            data, ancillary, _flags, addr = self._recvmsg(DATAGRAM_BYTES, ANCILLARY_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # e.g. ECONNREFUSED from an ICMP error: the socket lives on
-            self._protocol.error_received(exc)
-            return
-        self.rx_loop_time = now = _monotonic()
-        if ancillary:
-            self.rx_time = self._clock.stamp(ancillary, now)
+    _recv_bytes = DATAGRAM_BYTES
+
+    def _read_failed(self, exc: OSError) -> None:
+        # e.g. ECONNREFUSED from an ICMP error: the socket lives on.
+        self._protocol.error_received(exc)
+
+    def _received(self, data: bytes, addr: Any) -> None:
+        self._call_protocol("datagram_received", data, addr)
+
+    def _send(self, data: bytes | bytearray | memoryview, addr: Any) -> None:
+        if addr is None:
+            self._sock.send(data)
         else:
-            self.rx_time = now
-            self.unstamped_reads += 1
-        try:
-            self._protocol.datagram_received(data, addr)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            _report(self._loop, "protocol.datagram_received() failed", exc, self)
+            self._sock.sendto(data, addr)
 
     def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
         if self._closing:
             return
         if not self._buffer:
             try:
-                if addr is None:
-                    self._sock.send(data)
-                else:
-                    self._sock.sendto(data, addr)
+                self._send(data, addr)
                 return
             except (BlockingIOError, InterruptedError):
                 self._loop.add_writer(self._fd, self._write_ready)
@@ -482,55 +487,16 @@ class StampedDatagramTransport(asyncio.DatagramTransport):
         while buffer:
             data, addr = buffer[0]
             try:
-                if addr is None:
-                    self._sock.send(data)
-                else:
-                    self._sock.sendto(data, addr)
+                self._send(data, addr)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._protocol.error_received(exc)
             buffer.popleft()
-        self._loop.remove_writer(self._fd)
-        if self._closing:
-            self._connection_lost_soon()
+        self._flushed()
 
     def get_write_buffer_size(self) -> int:
         return sum(len(data) for data, _ in self._buffer)
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._loop.remove_reader(self._fd)
-        if not self._buffer:
-            self._connection_lost_soon()
-
-    def abort(self) -> None:
-        if self._buffer:
-            self._buffer.clear()
-            self._loop.remove_writer(self._fd)
-        if not self._closing:
-            self._closing = True
-            self._loop.remove_reader(self._fd)
-        self._connection_lost_soon()
-
-    def _connection_lost_soon(self) -> None:
-        if not self._lost:
-            self._lost = True
-            self._loop.call_soon(self._call_connection_lost)
-
-    def _call_connection_lost(self) -> None:
-        try:
-            self._protocol.connection_lost(None)
-        finally:
-            self._sock.close()
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._protocol
 
 
 class StampedServer:
@@ -599,6 +565,26 @@ def _prepare_stream(sock: socket.socket) -> None:
     enable_stamps(sock)
 
 
+async def _new_socket(
+    host: str, port: int, kind: socket.SocketKind, flags: int = 0
+) -> tuple[asyncio.AbstractEventLoop, socket.socket, Any]:
+    """The running loop, a socket for ``host``:``port``'s first address, and that address."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=kind, flags=flags)
+    family, sock_kind, proto, _, address = infos[0]
+    return loop, socket.socket(family, sock_kind, proto), address
+
+
+@contextlib.contextmanager
+def _closed_on_error(sock: socket.socket) -> Iterator[None]:
+    """Close ``sock`` if setting it up fails (cancellation included), so none leaks."""
+    try:
+        yield
+    except BaseException:
+        sock.close()
+        raise
+
+
 async def start_server(
     protocol_factory: Callable[[], asyncio.Protocol],
     host: str,
@@ -608,18 +594,12 @@ async def start_server(
     backlog: int = 1024,
 ) -> StampedServer:
     """Listen on ``host``:``port`` (0: a free port) with stamped transports."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
+    loop, sock, address = await _new_socket(host, port, socket.SOCK_STREAM, socket.AI_PASSIVE)
+    with _closed_on_error(sock):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(backlog)
         sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
     return StampedServer(loop, sock, protocol_factory, clock, backlog)
 
 
@@ -631,18 +611,12 @@ async def open_connection(
     clock: StampClock = CLOCK,
 ) -> tuple[StampedTransport, asyncio.Protocol]:
     """Connect to ``host``:``port`` (``loop.sock_connect``) with a stamped transport."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
+    loop, sock, address = await _new_socket(host, port, socket.SOCK_STREAM)
+    with _closed_on_error(sock):
         _prepare_stream(sock)
         await loop.sock_connect(sock, address)
         protocol = protocol_factory()
         transport = StampedTransport(loop, sock, protocol, clock)
-    except BaseException:
-        sock.close()
-        raise
     return transport, protocol
 
 
@@ -653,17 +627,11 @@ async def open_datagram(
     clock: StampClock = CLOCK,
 ) -> tuple[StampedDatagramTransport, asyncio.DatagramProtocol]:
     """A UDP socket bound to ``local_addr`` (port 0: a free one) with a stamped transport."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(*local_addr, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
+    loop, sock, address = await _new_socket(*local_addr, socket.SOCK_DGRAM, socket.AI_PASSIVE)
+    with _closed_on_error(sock):
         sock.setblocking(False)
         enable_stamps(sock)
         sock.bind(address)
         protocol = protocol_factory()
         transport = StampedDatagramTransport(loop, sock, protocol, clock)
-    except BaseException:
-        sock.close()
-        raise
     return transport, protocol

@@ -235,7 +235,9 @@ class _Wire:
         return [json.loads(p) for op, p in frames if op == OP_TEXT]
 
 
-def _open_call() -> tuple[LeanTwilioCall, _Wire]:
+def new_call() -> LeanTwilioCall:
+    """A lean caller whose LeanTwilio places nothing (no HTTP client) and ticks only when told
+    (also used by test_bench_stamped)."""
     twilio = LeanTwilio(
         "http://127.0.0.1:1",
         account_sid="AC1",
@@ -243,7 +245,12 @@ def _open_call() -> tuple[LeanTwilioCall, _Wire]:
         client=cast(httpx.AsyncClient, None),
     )
     twilio.ticker.autostart = False
-    call = LeanTwilioCall(twilio, "CA1", "+1", "+2")
+    return LeanTwilioCall(twilio, "CA1", "+1", "+2")
+
+
+def open_call() -> tuple[LeanTwilioCall, _Wire]:
+    """:func:`new_call` with its media stream open on a :class:`_Wire`, playout from t=100 s."""
+    call = new_call()
     wire = _Wire()
     call.connection_made(cast(asyncio.Transport, wire))
     call.has_stream = True
@@ -252,12 +259,13 @@ def _open_call() -> tuple[LeanTwilioCall, _Wire]:
     return call, wire
 
 
-def _from_gateway(call: LeanTwilioCall, msg: dict[str, Any]) -> None:
+def from_gateway(call: LeanTwilioCall, msg: dict[str, Any]) -> None:
+    """``msg`` as the gateway's WebSocket text frame, fed to the caller."""
     call.data_received(encode_frame(OP_TEXT, json.dumps(msg).encode()))
 
 
 async def test_caller_media_messages_are_twilio_shaped() -> None:
-    call, wire = _open_call()
+    call, wire = open_call()
     tone = bytes(range(160)) * 2 + bytes(range(80))  # 2.5 frames
     call.talk(tone)
     for k in range(4):
@@ -277,11 +285,11 @@ async def test_caller_media_messages_are_twilio_shaped() -> None:
 
 
 async def test_caller_plays_out_echoes_marks_and_obeys_clear() -> None:
-    call, wire = _open_call()
+    call, wire = open_call()
     sid = call.stream_sid
     audio = base64.b64encode(b"\x10" * 200).decode()  # 1.25 frames
-    _from_gateway(call, {"event": "media", "streamSid": sid, "media": {"payload": audio}})
-    _from_gateway(call, {"event": "mark", "streamSid": sid, "mark": {"name": "m1"}})
+    from_gateway(call, {"event": "media", "streamSid": sid, "media": {"payload": audio}})
+    from_gateway(call, {"event": "mark", "streamSid": sid, "mark": {"name": "m1"}})
     call.tick(100.0)
     call.tick(100.02)
     assert [m["event"] for m in wire.messages()] == ["media", "media"]  # m1 still playing
@@ -291,21 +299,21 @@ async def test_caller_plays_out_echoes_marks_and_obeys_clear() -> None:
     assert list(call.heard_bytes) == [160, 40, 0]
     assert call.media_arrivals()[0][1] == 200
     # A clear cuts the frame playing now and echoes the pending marks at once.
-    _from_gateway(call, {"event": "media", "streamSid": sid, "media": {"payload": audio}})
-    _from_gateway(call, {"event": "mark", "streamSid": sid, "mark": {"name": "m2"}})
+    from_gateway(call, {"event": "media", "streamSid": sid, "media": {"payload": audio}})
+    from_gateway(call, {"event": "mark", "streamSid": sid, "mark": {"name": "m2"}})
     call.tick(100.06)
     started = call.heard_times[-1]
     call._on_clear(started + 0.005)  # 40 bytes of that tick played
     assert call.heard_bytes[-1] == 40 and call.clear_times == [started + 0.005]
     assert [m["mark"]["name"] for m in wire.messages() if m["event"] == "mark"] == ["m2"]
     assert call.silence_after(started + 0.001) == pytest.approx(started + 0.005)
-    _from_gateway(call, {"event": "media", "streamSid": "MZother", "media": {"payload": audio}})
-    _from_gateway(call, {"event": "dance", "streamSid": sid})
+    from_gateway(call, {"event": "media", "streamSid": "MZother", "media": {"payload": audio}})
+    from_gateway(call, {"event": "dance", "streamSid": sid})
     assert len(call.protocol_errors) == 2
 
 
 async def test_analysis_reads_lean_recordings_like_the_classic_ones() -> None:
-    call, _ = _open_call()
+    call, _ = open_call()
     for _ in range(3):
         call.recv_times.append(10.0)
         call.recv_bytes.append(160)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import socket
 import struct
 import time
 from typing import Any, cast
 
-import httpx
 import pytest
 
 from bench.analysis import analyse_calls
 from bench.lean_app import LeanApp, LeanSession
-from bench.lean_twilio import LeanTwilio, LeanTwilioCall
 from bench.load import receive_stamps_line
 from bench.stamped import (
     SCM_TIMESTAMPNS,
@@ -35,7 +32,7 @@ from bench.stamped import (
     start_server,
 )
 from bench.talker import AppScript, Burst
-from bench.ws_lean import OP_TEXT, encode_frame
+from tests.unit.test_bench_lean import from_gateway, new_call, open_call
 
 WAIT_S = 5.0
 #: Slack for "not before the send": the realtime/monotonic offset is good to about a µs.
@@ -103,6 +100,16 @@ async def _pair(
     return server, accepted[0], cast(Recorder, client)
 
 
+async def _unpair(server: StampedServer, at_server: Recorder, at_client: Recorder) -> None:
+    """Stop listening, abort both ends, and wait until each has seen ``connection_lost``."""
+    server.close()
+    for side in (at_client, at_server):
+        if side.transport is not None:
+            side.transport.abort()
+    for side in (at_client, at_server):
+        await asyncio.wait_for(side.lost.wait(), WAIT_S)
+
+
 # ---------------------------------------------------------------------- the clock
 def test_realtime_stamps_become_monotonic_with_the_offset() -> None:
     assert realtime_to_monotonic_s(1_796_000_000, 250_000_000, 1_795_990_000.0) == pytest.approx(
@@ -149,12 +156,7 @@ async def test_a_write_arrives_stamped_between_its_send_and_its_read() -> None:
         assert at_server.transport.unstamped_reads == 0
         assert at_client.transport.get_write_buffer_size() == 0
     finally:
-        server.close()
-        for side in (at_client, at_server):
-            if side.transport is not None:
-                side.transport.abort()
-        await asyncio.wait_for(_until(lambda: at_client.lost.is_set()), WAIT_S)
-        await asyncio.wait_for(_until(lambda: at_server.lost.is_set()), WAIT_S)
+        await _unpair(server, at_server, at_client)
 
 
 async def test_what_the_kernel_does_not_take_is_buffered_then_flushed() -> None:
@@ -176,12 +178,7 @@ async def test_what_the_kernel_does_not_take_is_buffered_then_flushed() -> None:
         )
         assert at_client.resumes == 1
     finally:
-        server.close()
-        for side in (at_client, at_server):
-            if side.transport is not None:
-                side.transport.abort()
-        await asyncio.wait_for(_until(lambda: at_server.lost.is_set()), WAIT_S)
-        await asyncio.wait_for(_until(lambda: at_client.lost.is_set()), WAIT_S)
+        await _unpair(server, at_server, at_client)
 
 
 async def test_close_flushes_first_and_the_peer_sees_eof() -> None:
@@ -328,38 +325,14 @@ def _readable(sock: socket.socket) -> bool:
 
 
 # ---------------------------------------------------------------------- the peers' use of stamps
-class _Wire:
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        return None
-
-
 async def test_a_clear_stamped_before_the_last_playout_tick_silences_that_tick() -> None:
     """The kernel's stamp of a ``clear`` can precede playout ticks the loop ran before reading
     it: those ticks would have been silent, and silence starts at the clear's arrival."""
-    twilio = LeanTwilio(
-        "http://127.0.0.1:1",
-        account_sid="AC1",
-        auth_token="t",
-        client=cast(httpx.AsyncClient, None),
-    )
-    twilio.ticker.autostart = False
-    call = LeanTwilioCall(twilio, "CA1", "+1", "+2")
-    call.connection_made(cast(asyncio.Transport, _Wire()))
-    call.has_stream = True
-    call._t_start = 100.0
-    call._suffix = '"},"streamSid":"' + call.stream_sid + '"}'
+    call, _ = open_call()  # playout from t=100 s
     audio = base64.b64encode(b"\x10" * 800).decode()  # 5 frames
-    msg = {"event": "media", "streamSid": call.stream_sid, "media": {"payload": audio}}
-    call.data_received(encode_frame(OP_TEXT, json.dumps(msg).encode()))
+    from_gateway(
+        call, {"event": "media", "streamSid": call.stream_sid, "media": {"payload": audio}}
+    )
     for k in range(3):
         call.tick(100.0 + 0.02 * k)
         call.heard_times[k] = 100.0 + 0.02 * k  # (playout stamps the real instant)
@@ -371,14 +344,7 @@ async def test_a_clear_stamped_before_the_last_playout_tick_silences_that_tick()
 
 
 async def test_the_analysis_gives_loop_stamped_figures_beside_the_kernel_ones() -> None:
-    twilio = LeanTwilio(
-        "http://127.0.0.1:1",
-        account_sid="AC1",
-        auth_token="t",
-        client=cast(httpx.AsyncClient, None),
-    )
-    twilio.ticker.autostart = False
-    call = LeanTwilioCall(twilio, "CA1", "+1", "+2")
+    call = new_call()
     for k in range(100):  # one run of gateway audio: kernel-exact, the loop 0-6 ms late
         call.recv_times.append(10.0 + 0.02 * k)
         call.recv_loop_times.append(10.0 + 0.02 * k + (0.006 if k % 10 == 5 else 0.0))
