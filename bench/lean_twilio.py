@@ -363,7 +363,9 @@ class LeanTwilioCall(asyncio.Protocol):
             at -= 1
         if at >= 0 and sizes[at]:
             # Cut the frame playing at this instant: Twilio stops output at once.
-            played = max(0, int((now - times[at]) * ULAW_RATE_HZ))
+            # (the epsilon: a difference of two monotonic stamps is not exact, 0.005 s can come
+            # out as 39.9999 samples)
+            played = max(0, int((now - times[at]) * ULAW_RATE_HZ + 1e-6))
             if played < sizes[at]:
                 sizes[at] = played
         self.clear_times.append(now)
