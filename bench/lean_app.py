@@ -40,7 +40,7 @@ import numpy as np
 
 from appbridge.testing.fake_app import SIGNATURE_MAX_SKEW_S, fonoster_signature
 from bench.measure import LOUD_SAMPLE
-from bench.stamped import StampedServer, StampedTransport, start_server
+from bench.stamped import StampedServer, StampedTransport, read_times, start_server
 from bench.ws_lean import (
     OP_BINARY,
     OP_CLOSE,
@@ -145,13 +145,7 @@ class LeanSession(asyncio.Protocol):
         if self._parser is None:
             self._handshake(data)
             return
-        stamps = self._stamps
-        if stamps is not None:
-            # Every frame of this read gets the read's stamp: that of its last TCP segment,
-            # later than the first frame's real arrival when there are several (conservative).
-            now, self._loop_now = stamps.rx_time, stamps.rx_loop_time
-        else:
-            now = self._loop_now = time.monotonic()
+        now, self._loop_now = read_times(self._stamps)  # every frame of this read gets them
         try:
             frames = self._parser.feed(data)
         except WsProtocolError as exc:

@@ -54,7 +54,7 @@ from appbridge.testing.fake_twilio import (
     twilio_signature,
     voice_webhook_form,
 )
-from bench.stamped import StampedTransport, open_connection
+from bench.stamped import StampedTransport, open_connection, read_times
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
@@ -280,13 +280,7 @@ class LeanTwilioCall(asyncio.Protocol):
             self._opened.set_result(None)
             if not data:
                 return
-        stamps = self._stamps
-        if stamps is not None:
-            # The read's kernel stamp: its last TCP segment's, so when one read carries several
-            # messages the earlier ones are stamped late (conservative; bench/stamped.py).
-            now, self._loop_now = stamps.rx_time, stamps.rx_loop_time
-        else:
-            now = self._loop_now = time.monotonic()
+        now, self._loop_now = read_times(self._stamps)  # every message of this read gets them
         try:
             frames = self._parser.feed(data)
         except WsProtocolError as exc:

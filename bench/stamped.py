@@ -52,6 +52,7 @@ __all__ = [
     "enable_stamps",
     "open_connection",
     "open_datagram",
+    "read_times",
     "realtime_to_monotonic_s",
     "start_server",
 ]
@@ -142,6 +143,17 @@ class StampClock:
 
 #: The process's clock (every transport shares it unless told otherwise).
 CLOCK = StampClock()
+
+
+def read_times(stamps: StampedTransport | None) -> tuple[float, float]:
+    """(kernel stamp, loop stamp) of the read a protocol is handling, monotonic seconds; the
+    loop's clock twice for a transport without stamps (uvloop's). A TCP read carries the stamp
+    of its last segment: when it holds several frames, the earlier ones are stamped late
+    (conservative)."""
+    if stamps is None:
+        now = time.monotonic()
+        return now, now
+    return stamps.rx_time, stamps.rx_loop_time
 
 
 def enable_stamps(sock: socket.socket) -> None:
