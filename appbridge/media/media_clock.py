@@ -160,7 +160,9 @@ class MediaClock:
         failure boundary; one that failed is removed."""
         order, tick, subscribers = self._order, self.tick, self._subscribers
         start = self._pos
-        end = len(order) if size is None else min(len(order), start + size)
+        # Without a running clock (stopped mid-tick) there is no loop to come back on: all now.
+        whole = size is None or self._loop is None
+        end = len(order) if whole else min(len(order), start + size)  # type: ignore[operator]
         self._pos = end  # first: a subscriber that ends the tick early must not re-run these
         for key, fn in order[start:end]:
             if key not in subscribers:
@@ -172,7 +174,7 @@ class MediaClock:
                 subscribers.pop(key, None)
                 log.exception("media tick failed; the subscriber is removed")
         if self._pos < len(order):
-            assert self._loop is not None
+            assert self._loop is not None  # else the slice above took them all
             self._loop.call_soon(self._next_slice, tick)
             return
         self._order = []

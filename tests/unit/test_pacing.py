@@ -171,3 +171,18 @@ async def test_a_tick_never_overlaps_the_next_one() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert seen == ["x@1", "y@1", "x@2", "y@2"]
+
+
+async def test_a_clock_stopped_mid_tick_finishes_it_in_the_pending_slice() -> None:
+    import asyncio
+
+    clock = MediaClock(slice_size=1)
+    clock._loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    for name in "xyz":
+        clock.subscribe(lambda tick, name=name: seen.append(f"{name}@{tick}"))
+    clock.begin_tick()
+    clock._run_slice(1)
+    clock._loop = None  # what stop() leaves behind
+    await asyncio.sleep(0)
+    assert seen == ["x@1", "y@1", "z@1"] and not clock.in_tick
