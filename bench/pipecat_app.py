@@ -33,10 +33,8 @@ this module plays them (bench/README.md, "The Twilio dialect"):
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
 import heapq
 import json
 import random
@@ -50,7 +48,7 @@ import msgspec
 from appbridge.testing import audio as au
 from bench.lean_app import LeanApp, LeanSession
 from bench.talker import AppScript, Burst
-from bench.ticker import run_on_deadlines
+from bench.ticker import DeadlineTask, run_on_deadlines
 from bench.ws_lean import OP_TEXT
 
 __all__ = [
@@ -345,7 +343,7 @@ class TwilioAppSession(LeanSession):
         return pacer.bursting
 
 
-class AppTicker:
+class AppTicker(DeadlineTask):
     """Every Twilio-dialect session's pacing from one task (module doc), 10 ms period.
 
     Sessions waiting for their next burst sit in a heap by due time; only the bursting ones
@@ -354,19 +352,16 @@ class AppTicker:
     """
 
     def __init__(self, period_s: float, *, autostart: bool = True) -> None:
+        super().__init__(autostart=autostart)
         self.period_s = period_s
-        self.autostart = autostart
         self.waiting: list[tuple[float, int, TwilioAppSession]] = []
         self.active: list[TwilioAppSession] = []
-        self.late_ticks = 0
         self._serial = 0
-        self._task: asyncio.Task[None] | None = None
 
     def add(self, session: TwilioAppSession, due_at: float) -> None:
         self._serial += 1
         heapq.heappush(self.waiting, (due_at, self._serial, session))
-        if self._task is None and self.autostart:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self.ensure_started()
 
     def tick(self, now: float) -> None:
         waiting = self.waiting
@@ -385,16 +380,6 @@ class AppTicker:
 
     async def _run(self) -> None:
         await run_on_deadlines(self.period_s, self.tick, self._late)
-
-    def _late(self) -> None:
-        self.late_ticks += 1
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
 
 class TwilioDialectApp(LeanApp):

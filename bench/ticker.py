@@ -40,6 +40,34 @@ async def run_on_deadlines(
         await asyncio.sleep(max(0.0, next_s - now))
 
 
+class DeadlineTask:
+    """The one task a ticker runs on :func:`run_on_deadlines`: started by the first peer
+    (:meth:`ensure_started`) unless ``autostart`` is False (a test ticks by hand), late ticks
+    counted, stopped by :meth:`stop`. Subclasses give :meth:`_run`."""
+
+    def __init__(self, *, autostart: bool = True) -> None:
+        self.autostart = autostart
+        self.late_ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure_started(self) -> None:
+        if self._task is None and self.autostart:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _late(self) -> None:
+        self.late_ticks += 1
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
 class Ticking(Protocol):
     def tick(self, at: float, /) -> None: ...
 
@@ -47,25 +75,22 @@ class Ticking(Protocol):
 PeerT = TypeVar("PeerT", bound=Ticking)
 
 
-class PhasedTicker(Generic[PeerT]):
+class PhasedTicker(DeadlineTask, Generic[PeerT]):
     """Every peer's 20 ms tick from one task; ``autostart`` False leaves the ticking to a test."""
 
     def __init__(
         self, key: Callable[[PeerT], str], *, slots: int = 4, autostart: bool = True
     ) -> None:
+        super().__init__(autostart=autostart)
         self.key = key
         self.slots = max(1, slots)
         self.groups: list[dict[str, PeerT]] = [{} for _ in range(self.slots)]
-        self.autostart = autostart
-        self.late_ticks = 0
         self._next_group = 0
-        self._task: asyncio.Task[None] | None = None
 
     def add(self, peer: PeerT) -> None:
         self.groups[self._next_group][self.key(peer)] = peer
         self._next_group = (self._next_group + 1) % self.slots
-        if self._task is None and self.autostart:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self.ensure_started()
 
     def discard(self, peer: PeerT) -> None:
         key = self.key(peer)
@@ -88,13 +113,3 @@ class PhasedTicker(Generic[PeerT]):
             index = (index + 1) % self.slots
 
         await run_on_deadlines(FRAME_S / self.slots, tick, self._late)
-
-    def _late(self) -> None:
-        self.late_ticks += 1
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
