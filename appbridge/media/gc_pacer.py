@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from appbridge.env_knobs import positive_from_env
 
 __all__ = [
     "DEFAULT_PERIOD_S",
@@ -51,14 +52,7 @@ FULL_PASS_OFF = 1_000_000_000
 
 def period_from_env(environ: dict[str, str] | None = None) -> float | None:
     """The pacing period in seconds; None means "leave CPython's schedule alone" (``0``)."""
-    text = (environ if environ is not None else os.environ).get(ENV_VAR, "").strip()
-    if not text:
-        return DEFAULT_PERIOD_S
-    try:
-        period_s = float(text)
-    except ValueError:
-        return DEFAULT_PERIOD_S
-    return period_s if period_s > 0 else None
+    return positive_from_env(ENV_VAR, DEFAULT_PERIOD_S, float, environ)
 
 
 @dataclass

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
+
+from appbridge.env_knobs import positive_from_env
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +66,7 @@ SLICE_ENV_VAR = "APPBRIDGE_TICK_SLICE"
 
 def slice_from_env(environ: Mapping[str, str] | None = None) -> int | None:
     """``APPBRIDGE_TICK_SLICE``: subscribers per slice; ``0`` ticks every call in one go."""
-    text = (environ if environ is not None else os.environ).get(SLICE_ENV_VAR, "").strip()
-    if not text:
-        return DEFAULT_SLICE_SUBSCRIBERS
-    try:
-        size = int(text)
-    except ValueError:
-        return DEFAULT_SLICE_SUBSCRIBERS
-    return size if size > 0 else None
+    return positive_from_env(SLICE_ENV_VAR, DEFAULT_SLICE_SUBSCRIBERS, int, environ)
 
 
 class MediaClock:

@@ -29,6 +29,8 @@ import time
 import traceback
 from collections import Counter
 
+from appbridge.env_knobs import positive_from_env
+
 log = logging.getLogger(__name__)
 
 ENV_VAR = "APPBRIDGE_STALL_TRACE_MS"
@@ -39,15 +41,8 @@ STACK_DEPTH = 14
 
 def threshold_from_env(environ: dict[str, str] | None = None) -> float | None:
     """``APPBRIDGE_STALL_TRACE_MS`` as seconds, or None when unset, empty or not positive."""
-    text = (environ if environ is not None else os.environ).get(ENV_VAR, "").strip()
-    if not text:
-        return None
-    try:
-        threshold_ms = float(text)
-    except ValueError:
-        log.warning("%s=%r is not a number of milliseconds; stall tracing off", ENV_VAR, text)
-        return None
-    return threshold_ms / 1000.0 if threshold_ms > 0 else None
+    threshold_ms = positive_from_env(ENV_VAR, None, float, environ)
+    return None if threshold_ms is None else threshold_ms / 1000.0
 
 
 class LoopStallWatch:
