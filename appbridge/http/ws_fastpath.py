@@ -47,7 +47,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from appbridge.net.ws_frames import FrameCutter, text_frame
+from appbridge.net.ws_frames import FrameCutter, release_protocol, text_frame
 
 log = logging.getLogger(__name__)
 # websockets logs "connection open/closed" at INFO for every connection; only its warnings and
@@ -199,6 +199,12 @@ class FastWebSocket(asyncio.Protocol):
         if self._connections is not None:
             self._connections.discard(self)
         self._report_close()
+        # Nothing more can happen on this connection: let go of the route's handler (which
+        # holds this socket to send), the cutter's callbacks and the reader, so that no
+        # reference cycle outlives the connection (media/gc_pacer.py).
+        self._handler = None
+        self._cutter.release()
+        release_protocol(self._proto)
 
     def pause_writing(self) -> None:
         """Sends read the buffer size themselves (:meth:`send_droppable_text`)."""

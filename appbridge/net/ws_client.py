@@ -23,7 +23,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from appbridge.net.ws_frames import FrameCutter, masked_frame
+from appbridge.net.ws_frames import FrameCutter, masked_frame, release_protocol
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,13 @@ class WsClient(asyncio.Protocol):
         if not self._handshake.done():
             self._handshake.set_exception(WsConnectError(str(exc) if exc else "connection closed"))
         self._report_closed()
+        # Nothing more can happen on this connection: let go of the owner's callbacks and of
+        # the reader, so that no reference cycle outlives it (media/gc_pacer.py).
+        self._cutter.release()
+        release_protocol(self._proto)
+        self._on_text = self._on_binary = _ignore_message
+        self._on_pong = _ignore_pong
+        self._on_closed = _ignore_closed
 
     # -- internals -------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -241,6 +248,18 @@ class WsClient(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+
+def _ignore_message(data: bytes) -> None:
+    pass
+
+
+def _ignore_pong() -> None:
+    pass
+
+
+def _ignore_closed(code: int | None, reason: str) -> None:
+    pass
 
 
 async def close_all(timeout_s: float) -> None:

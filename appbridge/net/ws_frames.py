@@ -24,6 +24,8 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
+from websockets.protocol import Protocol as SansIoProtocol
+
 try:  # websockets' C helper; its pure-Python twin where the wheel has no speedups
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - every wheel we install ships the C extension
@@ -38,6 +40,7 @@ __all__ = [
     "apply_mask",
     "frame_extent",
     "masked_frame",
+    "release_protocol",
     "split_head",
     "text_frame",
 ]
@@ -253,3 +256,38 @@ class FrameCutter:
         self.enabled = False
         if rest:
             self._to_proto(rest)
+
+    def release(self) -> None:
+        """The connection is gone: drop the owner's callbacks. They are the owner's bound
+        methods, and the owner holds this cutter, so until then the two form a reference cycle
+        that only a full collection frees (media/gc_pacer.py); after this, reference counting
+        frees both. Whatever arrives later is dropped."""
+        self.enabled = False
+        self._deliver = _drop_message
+        self._to_proto = _drop_bytes
+        self._idle = self._is_open = self._connecting = _never
+        self._head = self._pending = b""
+
+
+def _drop_message(text: bool, payload: bytes) -> None:
+    pass
+
+
+def _drop_bytes(data: bytes) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
+
+
+def release_protocol(proto: SansIoProtocol) -> None:
+    """Let go of a websockets sans-I/O protocol whose connection is gone.
+
+    Its frame reader is a generator that holds the protocol (``proto.parser``), and a failed
+    read keeps the exception, whose traceback holds the reader's frame (``proto.parser_exc``):
+    two reference cycles per connection that only a full collection would free. Closing the
+    generator ends its frame; the protocol's state (``state``, ``close_code``...) stays readable.
+    """
+    proto.parser.close()
+    proto.parser_exc = None
