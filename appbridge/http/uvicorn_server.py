@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from appbridge.http.ws_fastpath import Acceptor, fast_ws_protocol
 
@@ -33,12 +34,27 @@ class EmbeddedServer(uvicorn.Server):
         return
 
 
+class UpgradingHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, which lets go of its parser once it has handed the
+    connection to a WebSocket protocol.
+
+    The parser holds the protocol's callbacks (bound methods) and the protocol holds the parser.
+    uvicorn breaks that cycle when a connection is lost, but an upgraded connection is lost by
+    the WebSocket protocol instead, so each media stream left the pair for a full collection to
+    free (issue 7, media/gc_pacer.py). After the upgrade the transport feeds the new protocol
+    and this one reads nothing more."""
+
+    def handle_websocket_upgrade(self) -> None:
+        super().handle_websocket_upgrade()
+        self.parser = None  # type: ignore[assignment]
+
+
 def uvicorn_config(app: object, **overrides: object) -> uvicorn.Config:
     """The settings every embedded server of the gateway runs with (uvloop set up by the caller)."""
     settings: dict[str, object] = {
         "loop": "none",
         "ws": "websockets-sansio",
-        "http": "httptools",
+        "http": UpgradingHttpProtocol,
         "lifespan": "off",
         "log_level": "warning",
         "access_log": False,
