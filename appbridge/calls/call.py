@@ -689,6 +689,22 @@ class Call:
             self.gw.metrics.calls_ended[reason] = self.gw.metrics.calls_ended.get(reason, 0) + 1
         self.ended.set()
         log.info("call %s ended: %s", self.call_ref, reason)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop the parts that point back at the call (the legs' events, the ears, the app
+        link's listener, a transfer or bridge): an ended call then forms no reference cycle, and
+        reference counting frees it with everything it held as soon as its last task is done,
+        instead of leaving it for a full collection (issue 7, media/gc_pacer.py). The record
+        of the call lives on in the registry as a description."""
+        self.leg = self._party = None
+        self.ears = None
+        self.link = None
+        self.listeners = None
+        self.transfer = None
+        self.bridge = None
+        self.queue = self.hold_queue = None
+        self._in_conv = self._out_conv = self._party_in = self._party_out = None
 
 
 class _PartyEvents:

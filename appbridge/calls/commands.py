@@ -14,9 +14,10 @@ import contextlib
 import logging
 import re
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from appbridge.calls.transfer import TransferFlow
 from appbridge.media.codecs import AudioFormat, Converter
@@ -71,7 +72,10 @@ class Utterance:
 
 class CommandHandler:
     def __init__(self, call: Call) -> None:
-        self.call = call
+        # The call owns this handler: a weak reference back, so that the two form no reference
+        # cycle and an ended call is freed by reference counting alone (media/gc_pacer.py).
+        # Commands are the control path, so the indirection costs nothing that shows.
+        self.call: Call = cast("Call", weakref.proxy(call))
         self.queue: OutputQueue | None = None
         self.out_format: AudioFormat | None = None
         self._raw_conv: Converter | None = None

@@ -223,6 +223,9 @@ class Ears:
 
     async def close(self) -> None:
         self.closed = True
+        # The tasks are the call's (it cancels them as it ends); a cancelled one keeps its
+        # exception, whose traceback holds this object: let go of them, no reference cycle.
+        self._reader = self._opening = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

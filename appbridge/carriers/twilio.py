@@ -98,18 +98,27 @@ class TwilioRestClient:
     async def update_call(self, call_sid: str, form: dict[str, str]) -> httpx.Response:
         cfg = self._cfg
         url = f"{cfg.api_base}/2010-04-01/Accounts/{cfg.account_sid}/Calls/{call_sid}.json"
-        return await self._http.post(
-            url, data=form, auth=(cfg.account_sid, cfg.auth_token or ""), timeout=5.0
-        )
+        return await self._post(url, form, timeout_s=5.0)
 
     async def create_call(self, form: Mapping[str, str | list[str]]) -> httpx.Response:
         """``POST /2010-04-01/Accounts/{AccountSid}/Calls.json``, form-encoded; a list value
         repeats its field (``StatusCallbackEvent``). Twilio answers 201 with the Call resource."""
         cfg = self._cfg
         url = f"{cfg.api_base}/2010-04-01/Accounts/{cfg.account_sid}/Calls.json"
-        return await self._http.post(
-            url, data=dict(form), auth=(cfg.account_sid, cfg.auth_token or ""), timeout=10.0
+        return await self._post(url, dict(form), timeout_s=10.0)
+
+    async def _post(
+        self, url: str, form: Mapping[str, str | list[str]], *, timeout_s: float
+    ) -> httpx.Response:
+        cfg = self._cfg
+        resp = await self._http.post(
+            url, data=form, auth=(cfg.account_sid, cfg.auth_token or ""), timeout=timeout_s
         )
+        # The body is read (``post`` reads it whole): drop httpx's stream wrapper, which points
+        # back at the response. The pair is otherwise a reference cycle per request that only
+        # a full collection frees (issue 7, media/gc_pacer.py).
+        resp.stream = httpx.ByteStream(b"")
+        return resp
 
     async def hangup(self, call_sid: str) -> bool:
         try:
