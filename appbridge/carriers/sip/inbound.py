@@ -477,6 +477,9 @@ class SipInbound:
         # Keep the entry briefly so retransmitted BYE/ACK still match (§17.2.2 Timer J).
         await asyncio.sleep(32 * self.transport.layer.timers.t1_s)
         self.calls.pop(sc.invite.call_id, None)
+        # The leg's callbacks close over this record and the record holds the leg: let go, so
+        # that reference counting frees the call's SIP side (issue 7, media/gc_pacer.py).
+        sc.leg = sc.rtp = sc.retransmitter = sc.cleanup = None
 
 
 class SipService:

@@ -446,8 +446,15 @@ class RtpProtocol(asyncio.DatagramProtocol):
             self.transport.sendto(data, addr)
 
     def close(self) -> None:
+        # The leg sends through this protocol (a bound method) and this protocol feeds the leg:
+        # once the port closes, let go of the leg, so that no reference cycle outlives the call
+        # (issue 7, media/gc_pacer.py).
+        self.leg = None
         if self.transport is not None:
             self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.leg = None
 
 
 async def open_rtp(
