@@ -1,0 +1,178 @@
+"""An ended call leaves no reference cycle behind (issue 7).
+
+The gateway runs full collections on its own schedule (media/gc_pacer.py) and freezes what
+survives one, so each pass walks only what is new; that is sound only while an ended call is
+freed by reference counting alone. Cyclic garbage of an ended call would survive in the frozen
+generation until a deep pass. These tests run whole calls of each carrier against real peers
+(sipp, the fake Twilio and app on loopback), end them from either side, and collect with
+``gc.DEBUG_SAVEALL``: no group of objects that only refer to one another (a strongly connected
+component of the garbage) may hold an object of the gateway's, named by type when one does.
+
+The test peers' own cycles (httpx responses, websockets' asyncio server) are theirs: only the
+components holding an ``appbridge`` (but not ``appbridge.testing``), uvicorn or httptools
+object count. A call still winding down is alive, not garbage, so nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Env
+from tests.integration.sipp_support import sipp_required
+from tests.integration.test_session_protocol import connect
+from tests.integration.test_sip_sipp import PCAPS, ROUTED, SipEnv, run_sipp, sip_gateway
+
+GATEWAY_MODULES = ("appbridge.", "uvicorn.", "httptools.")
+
+
+def _is_gateways(obj: object) -> bool:
+    module = type(obj).__module__ or ""
+    return module.startswith(GATEWAY_MODULES) and not module.startswith("appbridge.testing")
+
+
+def _components(garbage: list[object]) -> Iterator[list[object]]:
+    """The strongly connected components of more than one object (Tarjan, iterative)."""
+    by_id = {id(o): o for o in garbage}
+    edges = {i: [id(r) for r in gc.get_referents(o) if id(r) in by_id] for i, o in by_id.items()}
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    for root in by_id:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            if child < len(edges[node]):
+                work.append((node, child + 1))
+                nxt = edges[node][child]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(by_id[top])
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    yield component
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+
+
+@contextmanager
+def cycles_left() -> Iterator[list[str]]:
+    """Yields a list, filled on exit with one line per garbage cycle holding a gateway object."""
+    found: list[str] = []
+    gc.collect()
+    try:
+        yield found
+    finally:
+        # The gateway's paced passes freeze what survives them: what a cycle left in the frozen
+        # generation must be found too.
+        gc.unfreeze()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            for component in _components(list(gc.garbage)):
+                ours = [o for o in component if _is_gateways(o)]
+                if ours:
+                    kinds = Counter(type(o).__qualname__ for o in ours)
+                    found.append(", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())))
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.collect()
+
+
+async def _wait_ended(pending: Callable[[], int], timeout_s: float = 5.0) -> None:
+    """Until ``pending()`` is 0 (bounded), then past the app links' 1 s close timers
+    (apps/link.py), which hold their sockets until they fire."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if not pending():
+                break
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(1.2)
+
+
+async def test_ended_twilio_calls_leave_no_cycles(env: Env) -> None:
+    with cycles_left() as cycles:
+        calls = []
+        for _ in range(2):
+            call, session, _ = await connect(env)
+            await session.send({"type": "speak", "id": "s1", "text": "One moment."})
+            await session.send({"type": "mark", "id": "m1", "name": "after-speak"})
+            await call.send_silence(200)
+            await session.wait_for("output.done", timeout=10)
+            await session.send({"type": "speak", "id": "s2", "text": "A longer sentence here."})
+            await session.send({"type": "clear", "id": "c1"})
+            calls.append((call, session))
+        first, second = calls
+        await first[0].hangup()  # the caller ends one
+        await second[1].send({"type": "hangup", "id": "bye"})  # the app the other (REST)
+        for call, session in calls:
+            await session.wait_for("session.end", timeout=5)
+            await session.wait_closed(timeout=5)
+            await call.wait_closed(timeout=5)
+        await _wait_ended(lambda: len(env.gw.registry))
+        del calls, first, second, call, session
+    assert cycles == []
+
+
+@sipp_required()
+@pytest.mark.timeout(90)
+async def test_ended_sip_calls_leave_no_cycles(tmp_path: Path) -> None:
+    async with sip_gateway(41400) as env:
+        with cycles_left() as cycles:
+            await _sip_call_ended_by_caller(env, tmp_path)
+            await _sip_call_ended_by_app(env, tmp_path)
+            await _wait_ended(lambda: len(env.gw.registry))
+            # The SIP side is kept 32 x T1 (16 s) after the end, for retransmissions (Timer J).
+            sip = env.gw.sip
+            assert sip is not None
+            await _wait_ended(lambda: len(sip.inbound.calls), timeout_s=40)
+    assert cycles == []
+
+
+async def _sip_call_ended_by_caller(env: SipEnv, tmp: Path) -> None:
+    sipp = asyncio.create_task(
+        run_sipp(env, "uac_basic.xml", ROUTED, tmp, pcap=str(PCAPS / "g711a.pcap"), pause_ms="2000")
+    )
+    session = await env.app.next_session(timeout=10)
+    await session.wait_for("session.start", timeout=5)
+    await session.send({"type": "speak", "id": "s1", "text": "Hello there."})
+    rc, log = await sipp
+    assert rc == 0, log
+    await session.wait_for("session.end", timeout=5)
+
+
+async def _sip_call_ended_by_app(env: SipEnv, tmp: Path) -> None:
+    sipp = asyncio.create_task(
+        run_sipp(env, "uac_gateway_bye.xml", ROUTED, tmp, pcap=str(PCAPS / "g711a.pcap"))
+    )
+    session = await env.app.next_session(timeout=10)
+    await session.wait_for("session.start", timeout=5)
+    await session.wait_until(lambda: len(session.audio) >= 5, timeout=8)
+    await session.send({"type": "hangup", "id": "bye"})
+    await session.wait_for("session.end", timeout=5)
+    rc, log = await sipp
+    assert rc == 0, log
