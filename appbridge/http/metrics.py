@@ -91,6 +91,12 @@ def render_metrics(gw: Gateway) -> str:
             [("", passes.passes)],
         )
         metric(
+            "appbridge_gc_deep_passes_total",
+            "counter",
+            "Those of them that also walked the frozen objects (gc.unfreeze first).",
+            [("", passes.deep_passes)],
+        )
+        metric(
             "appbridge_gc_full_pass_seconds_total",
             "counter",
             "Time spent in those passes, with the loop stopped.",

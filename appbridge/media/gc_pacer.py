@@ -1,44 +1,54 @@
 """Full garbage collections in small regular batches, between media ticks (issue 7).
 
-Why: every ended call leaves some hundred objects in reference cycles (uvicorn's per-connection
-protocol objects and bound methods, httpx response streams, websockets frames; measured with
-``APPBRIDGE_GC_GARBAGE=1``, docs/PERFORMANCE.md). Only a full (oldest-generation) pass frees
-them, and CPython runs one only when the oldest generation has grown by a quarter, so under
-call churn the garbage piles up for a minute and is then freed in one batch: 17,800-28,500
-objects, 43-120 ms with the loop stopped, at 120 calls and ~3 calls/s. Those passes were
-the longest stalls the gateway itself caused in the churn soak, and the garbage they free
-raises the process's high-water RSS in the meantime.
+Why: CPython runs a full (oldest-generation) pass only when that generation has grown by a
+quarter, and such a pass walks every live object. Under call churn at 120 calls that was a
+43-120 ms stop of the loop about once a minute, and at 200 calls even a pass every 10 s took
+14-18 ms: the main source of the pacing and latency tails (docs/PERFORMANCE.md).
 
-What: automatic full passes are switched off (``gc.set_threshold(t0, t1, FULL_PASS_OFF)``: the
-young generations are collected as before) and the media clock triggers one every ``period_s``
-(10 s) right after a tick's last slice (``MediaClock.call_after_tick``), so the pass has the
-rest of the 20 ms frame to itself. A pass walks every live object but the frozen start-up ones
-(server.py): its cost follows the live calls, not the garbage (7-10 ms at 150 calls, 10-19 ms
-at 200, measured with ``APPBRIDGE_STALL_TRACE_MS``), and the loop then needs as long again to
-serve what arrived meanwhile. Every 2 s (the first setting) that put one caller frame in a
-hundred behind such a stall and was the main source of the p99 tails at 150-200 calls; every
-10 s it is one in five hundred, while ten seconds of churn add little to a pass (about 80
-objects per ended call) and hold a few megabytes at most. ``APPBRIDGE_GC_PERIOD_S`` sets the
-period; ``0`` keeps CPython's own schedule.
+What:
 
-The decision is sans-I/O (:class:`GcPacer`: time is an argument); :class:`GcPacerShell` wires it
-to the media clock and the ``gc`` module.
+* Automatic full passes are off (``gc.set_threshold(t0, t1, FULL_PASS_OFF)``; the young
+  generations are collected as before) and the media clock triggers one every ``period_s``
+  (10 s) right after a tick's last slice (``MediaClock.call_after_tick``), so the pass has the
+  rest of the 20 ms frame to itself. ``APPBRIDGE_GC_PERIOD_S`` sets the period; ``0`` keeps
+  CPython's own schedule.
+* Each pass ends with ``gc.freeze()``: what survived it moves to the permanent generation, which
+  no pass walks, so the next pass walks only what is newer than ten seconds (a fraction of a
+  millisecond at 200 calls instead of 14-18 ms). Frozen objects are still freed by reference
+  counting when their last reference goes; what the freeze hides is garbage in reference
+  cycles. An ended call forms none (its parts let go of one another as it ends: calls/call.py,
+  net/ws_client.py, http/ws_fastpath.py, carriers/sip/; tests/integration/
+  test_teardown_cycles.py proves it per carrier), so this loses nothing in the steady state.
+* A *deep* pass (``gc.unfreeze()``, a full pass over everything, freeze again) frees whatever
+  cycles did get frozen: when no call is live and the heap (``sys.getallocatedblocks()``) is
+  :data:`IDLE_SLACK` above its size after the last deep pass (no call to disturb then), or, under
+  load, when the heap has grown :data:`DEEP_GROWTH` times since then (a leak of cycles cannot
+  grow without bound; a deep pass at 200 calls takes about 60 ms, so it must stay rare).
+
+The decision is sans-I/O (:class:`GcPacer`: time and sizes are arguments); :class:`GcPacerShell`
+wires it to the media clock and the ``gc`` module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from appbridge.env_knobs import positive_from_env
 
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "DEEP_GROWTH",
     "DEFAULT_PERIOD_S",
     "ENV_VAR",
     "FULL_PASS_OFF",
+    "IDLE_SLACK",
     "GcPacer",
     "GcPacerShell",
     "period_from_env",
@@ -48,6 +58,10 @@ ENV_VAR = "APPBRIDGE_GC_PERIOD_S"
 DEFAULT_PERIOD_S = 10.0
 #: A third threshold no gen-1 count reaches: CPython never starts a full pass by itself.
 FULL_PASS_OFF = 1_000_000_000
+#: Under load, a deep pass once the heap has grown this many times since the last one.
+DEEP_GROWTH = 2.0
+#: With no call live, a deep pass once the heap is this much above its size after the last one.
+IDLE_SLACK = 0.10
 
 
 def period_from_env(environ: dict[str, str] | None = None) -> float | None:
@@ -57,14 +71,18 @@ def period_from_env(environ: dict[str, str] | None = None) -> float | None:
 
 @dataclass
 class GcPacer:
-    """When the next full pass is due, and what the passes cost (for /metrics and the log)."""
+    """When the next full pass is due, whether it must be deep, and what the passes cost (for
+    /metrics and the log)."""
 
     period_s: float = DEFAULT_PERIOD_S
     next_due_s: float | None = None
     passes: int = 0
+    deep_passes: int = 0
     total_s: float = 0.0
     max_s: float = 0.0
     collected: int = 0
+    #: The heap (allocated blocks) right after the last deep pass, or at the first pass.
+    heap_after_deep: int | None = None
 
     def due(self, now: float) -> bool:
         """Whether a pass is due at ``now``; the first call only starts the schedule."""
@@ -73,22 +91,55 @@ class GcPacer:
             return False
         return now >= self.next_due_s
 
-    def ran(self, now: float, spent_s: float, collected: int) -> None:
+    def deep_due(self, heap: int, idle: bool) -> bool:
+        """Whether the pass about to run must also walk the frozen objects (module doc)."""
+        base = self.heap_after_deep
+        if base is None:
+            self.heap_after_deep = heap
+            return False
+        if idle:
+            return heap > base * (1.0 + IDLE_SLACK)
+        return heap >= base * DEEP_GROWTH
+
+    def ran(
+        self,
+        now: float,
+        spent_s: float,
+        collected: int,
+        *,
+        deep: bool = False,
+        heap: int | None = None,
+    ) -> None:
         """A pass ended at ``now`` after ``spent_s``; the next is a period later (not earlier
-        than that even if this one was late: passes never bunch up)."""
+        than that even if this one was late: passes never bunch up). A deep pass gives the
+        heap size the next deep pass is measured against."""
         self.passes += 1
         self.total_s += spent_s
         self.max_s = max(self.max_s, spent_s)
         self.collected += collected
         self.next_due_s = now + self.period_s
+        if deep:
+            self.deep_passes += 1
+            if heap is not None:
+                self.heap_after_deep = heap
 
 
 class GcPacerShell:
     """Runs :class:`GcPacer`'s passes off the media clock's ticks (module doc)."""
 
-    def __init__(self, pacer: GcPacer, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pacer: GcPacer,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        idle: Callable[[], bool] = lambda: False,
+        heap: Callable[[], int] = sys.getallocatedblocks,
+    ) -> None:
         self.pacer = pacer
         self._clock = clock
+        self._idle = idle
+        self._heap = heap
+        self._froze = False
         self._saved_threshold: tuple[int, int, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._after_tick: Callable[[Callable[[], None]], None] | None = None
@@ -111,6 +162,11 @@ class GcPacerShell:
         if self._saved_threshold is not None:
             gc.set_threshold(*self._saved_threshold)
             self._saved_threshold = None
+        if self._froze:
+            # Give CPython's collector back everything these passes froze (an embedding process,
+            # a test suite, goes on without the pacer).
+            gc.unfreeze()
+            self._froze = False
         self._loop = None
 
     def on_tick(self, tick: int) -> None:
@@ -126,5 +182,19 @@ class GcPacerShell:
     def _collect(self) -> None:
         self._pending = False
         started = time.perf_counter()
+        deep = self.pacer.deep_due(self._heap(), self._idle())
+        if deep:
+            gc.unfreeze()
         collected = gc.collect(2)
-        self.pacer.ran(self._clock(), time.perf_counter() - started, collected)
+        gc.freeze()
+        self._froze = True
+        spent_s = time.perf_counter() - started
+        self.pacer.ran(
+            self._clock(), spent_s, collected, deep=deep, heap=self._heap() if deep else None
+        )
+        if deep:
+            log.info(
+                "gc: deep pass (frozen objects included): %d collected in %.1f ms",
+                collected,
+                spent_s * 1e3,
+            )

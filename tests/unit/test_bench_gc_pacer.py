@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 import pytest
 
 from appbridge.clock import VirtualClock
 from appbridge.media.gc_pacer import (
+    DEEP_GROWTH,
     DEFAULT_PERIOD_S,
     ENV_VAR,
     FULL_PASS_OFF,
+    IDLE_SLACK,
     GcPacer,
     GcPacerShell,
     period_from_env,
@@ -36,6 +39,60 @@ def test_passes_are_due_a_period_apart_and_never_bunch_up() -> None:
     pacer.ran(107.0, 0.002, 3)
     assert (pacer.passes, pacer.collected) == (2, 15)
     assert pacer.total_s == pytest.approx(0.006) and pacer.max_s == pytest.approx(0.004)
+
+
+def test_a_deep_pass_when_idle_and_grown_or_when_the_heap_has_doubled() -> None:
+    pacer = GcPacer(period_s=10.0)
+    assert not pacer.deep_due(1000, idle=False)  # the first pass sets the reference size
+    assert pacer.heap_after_deep == 1000
+    assert not pacer.deep_due(1999, idle=False)  # under load: rare, only a doubling
+    assert pacer.deep_due(int(1000 * DEEP_GROWTH), idle=False)
+    assert not pacer.deep_due(int(1000 * (1 + IDLE_SLACK)), idle=True)  # idle, barely grown
+    assert pacer.deep_due(int(1000 * (1 + IDLE_SLACK)) + 1, idle=True)
+    pacer.ran(50.0, 0.06, 7, deep=True, heap=1500)
+    assert (pacer.deep_passes, pacer.heap_after_deep) == (1, 1500)
+    assert not pacer.deep_due(2999, idle=False)  # measured from the last deep pass
+    pacer.ran(60.0, 0.001, 0)
+    assert (pacer.passes, pacer.deep_passes, pacer.heap_after_deep) == (2, 1, 1500)
+
+
+async def test_each_pass_freezes_its_survivors_and_a_deep_pass_frees_frozen_cycles() -> None:
+    class Node:
+        other: object = None
+
+    clock = VirtualClock()
+    idle = [False]
+    heap = [1000]
+    shell = GcPacerShell(
+        GcPacer(period_s=1.0), clock=clock.now, idle=lambda: idle[0], heap=lambda: heap[0]
+    )
+    shell.start(asyncio.get_running_loop())
+    gc.collect()
+    frozen_before = gc.get_freeze_count()
+    try:
+        shell.on_tick(0)  # the schedule starts
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        clock.advance(1.0)
+        shell.on_tick(1)
+        await asyncio.sleep(0)  # a plain pass: the live pair survives it and is frozen
+        assert shell.pacer.passes == 1 and shell.pacer.deep_passes == 0
+        assert gc.get_freeze_count() >= frozen_before + 2
+        alive = weakref.ref(a)
+        del a, b  # a cycle dies frozen: a plain pass does not see it
+        clock.advance(1.0)
+        shell.on_tick(2)
+        await asyncio.sleep(0)
+        assert shell.pacer.passes == 2 and alive() is not None
+        idle[0], heap[0] = True, 2000  # no call live, and the heap has grown: deep
+        clock.advance(1.0)
+        shell.on_tick(3)
+        await asyncio.sleep(0)
+        assert shell.pacer.deep_passes == 1 and alive() is None
+        assert shell.pacer.heap_after_deep == 2000
+    finally:
+        shell.stop()
+    assert gc.get_freeze_count() == 0  # stop gives everything back to the collector
 
 
 async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> None:
