@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from appbridge.http.ws_fastpath import Acceptor, fast_ws_protocol
+from appbridge.http.ws_fastpath import Acceptor, RoutingWsProtocol, fast_ws_protocol
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
@@ -36,7 +36,8 @@ class EmbeddedServer(uvicorn.Server):
 
 class UpgradingHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, which lets go of its parser once it has handed the
-    connection to a WebSocket protocol.
+    connection to a WebSocket protocol, and lets a routed WebSocket connection be read by the
+    routed protocol directly (:meth:`RoutingWsProtocol.hand_over`).
 
     The parser holds the protocol's callbacks (bound methods) and the protocol holds the parser.
     uvicorn breaks that cycle when a connection is lost, but an upgraded connection is lost by
@@ -47,6 +48,9 @@ class UpgradingHttpProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         super().handle_websocket_upgrade()
         self.parser = None  # type: ignore[assignment]
+        router = self.transport.get_protocol()
+        if isinstance(router, RoutingWsProtocol):
+            router.hand_over()  # the transport reads straight into the routed protocol
 
 
 def uvicorn_config(app: object, **overrides: object) -> uvicorn.Config:

@@ -45,7 +45,10 @@ async def asgi_env(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Env]:
 
 async def test_the_stream_runs_on_the_fast_path_on_the_http_port(env: Env) -> None:
     call, session, start = await connect(env)
-    assert isinstance(_leg(env, call)._sink, FastWebSocket)
+    sink = _leg(env, call)._sink
+    assert isinstance(sink, FastWebSocket)
+    # The socket reads straight into the stream's protocol, past uvicorn and the router.
+    assert sink._transport is not None and sink._transport.get_protocol() is sink
     assert start["callRef"] == call.call_sid
     await still_works(session, call, "fast")
     async with httpx.AsyncClient(trust_env=False) as client:

@@ -517,6 +517,8 @@ async def test_the_transport_then_calls_the_routed_protocol_directly() -> None:
     router.connection_made(cast(asyncio.Transport, transport))
     router.data_received(_upgrade_head("/fast"))
     assert transport.take().startswith(b"HTTP/1.1 101")
+    transport.set_protocol(router)  # what uvicorn does after the request: the router reads
+    router.hand_over()  # then the gateway's HTTP protocol hands the reads on
     assert type(transport.protocol) is FastWebSocket and transport.protocol in state.connections
 
     FakeFallback.made.clear()
@@ -524,6 +526,7 @@ async def test_the_transport_then_calls_the_routed_protocol_directly() -> None:
     other = SwitchingTransport()
     slow.connection_made(cast(asyncio.Transport, other))
     slow.data_received(_upgrade_head("/demo/session"))
+    slow.hand_over()
     (inner,) = FakeFallback.made
     assert other.protocol is inner
 
