@@ -16,18 +16,24 @@ object count. A call still winding down is alive, not garbage, so nothing here d
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Env
+from appbridge.testing.audio import tone_pcm16, ulaw_encode
+from appbridge.testing.fake_app import FakeApp
+from tests.integration.conftest import SECRET, Env, gateway_env
 from tests.integration.sipp_support import sipp_required
+from tests.integration.test_call_control import with_apps
 from tests.integration.test_session_protocol import connect
 from tests.integration.test_sip_sipp import PCAPS, ROUTED, SipEnv, run_sipp, sip_gateway
+from tests.integration.test_twilio_dialect import twilio_env
 
 GATEWAY_MODULES = ("appbridge.", "uvicorn.", "httptools.")
 
@@ -176,3 +182,53 @@ async def _sip_call_ended_by_app(env: SipEnv, tmp: Path) -> None:
     await session.wait_for("session.end", timeout=5)
     rc, log = await sipp
     assert rc == 0, log
+
+
+async def test_ended_twilio_dialect_calls_leave_no_cycles() -> None:
+    async with twilio_env() as (env, app):
+        with cycles_left() as cycles:
+            call = await env.twilio.place_call("+15550001111", "+15550002222")
+            session = await asyncio.wait_for(app.sessions.get(), 10)
+            await call.send_audio_ulaw(ulaw_encode(tone_pcm16(800, 400, 8000)))
+            await session.wait_for("media", n=5)
+            start = (await session.wait_for("start"))[0]
+            sid = start["streamSid"]
+            payload = base64.b64encode(ulaw_encode(tone_pcm16(500, 200, 8000))).decode()
+            await session.send({"event": "media", "streamSid": sid, "media": {"payload": payload}})
+            await session.send({"event": "mark", "streamSid": sid, "mark": {"name": "m"}})
+            await session.send({"event": "clear", "streamSid": sid})
+            await call.hangup()
+            await session.closed.wait()
+            await call.wait_closed(timeout=5)
+            await _wait_ended(lambda: len(env.gw.registry))
+            del call, session
+    assert cycles == []
+
+
+async def test_ended_calls_with_listeners_leave_no_cycles() -> None:
+    async with with_apps(1) as (listener,):
+
+        def apps(app: FakeApp) -> list[dict[str, Any]]:
+            return [
+                {
+                    "ref": "main",
+                    "url": app.url,
+                    "signing_secret": SECRET,
+                    "listeners": [{"url": listener.url, "tracks": "both"}],
+                }
+            ]
+
+        async with gateway_env(apps) as env:
+            with cycles_left() as cycles:
+                call, session, _ = await connect(env)
+                heard = await listener.next_session(timeout=5)
+                await heard.wait_for("session.start", timeout=5)
+                await session.send({"type": "speak", "id": "s", "text": "Hello listeners."})
+                await session.wait_for("output.done", timeout=10)
+                await session.send({"type": "hangup", "id": "end"})
+                await heard.wait_for("session.end", timeout=5)
+                await session.wait_closed(timeout=5)
+                await call.wait_closed(timeout=5)
+                await _wait_ended(lambda: len(env.gw.registry))
+                del call, session, heard
+    assert cycles == []
