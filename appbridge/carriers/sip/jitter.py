@@ -56,10 +56,12 @@ def _signed32(value: int) -> int:
     return ((value + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JitterFrame:
     """One frame of playout. `payload` is b"" for a silence concealment frame; the caller
-    decodes `duration_units` of silence then."""
+    decodes `duration_units` of silence then. Not frozen: one is made per frame, and a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__`` (0.85 µs instead of
+    0.23 µs here); nothing changes one after it is made."""
 
     payload: bytes
     payload_type: int | None

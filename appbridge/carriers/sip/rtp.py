@@ -367,10 +367,11 @@ class RtpStats:
         return max(0, self.expected - self.received)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RtpArrival:
     """A packet accepted by `RtpReceiver`; `source_changed` asks the caller to reset its
-    jitter buffer and decoder (new SSRC or re-latched source)."""
+    jitter buffer and decoder (new SSRC or re-latched source). Not frozen, as
+    :class:`~appbridge.carriers.sip.jitter.JitterFrame`: one is made per packet."""
 
     packet: RtpPacket
     ext_sequence: int
