@@ -283,12 +283,18 @@ class MemoryDiffLog:
         ``gc.garbage`` instead of freeing it; it is counted, then freed here. Objects in
         reference cycles are the ones only a full pass frees, in one batch: the fewer, the
         shorter the passes."""
-        gc.collect()  # a full pass, still saving: cycles old enough for the oldest generation too
+        # A full pass over everything, still saving: cycles old enough for the oldest
+        # generation too, and those the paced passes froze (media/gc_pacer.py) as well.
+        frozen = gc.get_freeze_count()
+        gc.unfreeze()
+        gc.collect()
         kinds = Counter(type(o).__qualname__ for o in gc.garbage)
         total = len(gc.garbage)
         gc.set_debug(0)
         gc.garbage.clear()
         gc.collect()
+        if frozen:
+            gc.freeze()
         gc.set_debug(gc.DEBUG_SAVEALL)
         log.warning("gc garbage: %d objects in cycles; by type: %s", total, kinds.most_common(25))
 
