@@ -54,6 +54,7 @@ from bench.report import (
     parse_histogram,
     parse_metric,
 )
+from bench.speed import probe_core
 
 ACCOUNT_SID = "AC" + "be" * 16
 LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
@@ -243,10 +244,11 @@ async def run_step(
         for k in range(args.workers)
     ]
     gateway: GatewayProcess | None = None
+    probe_before = await asyncio.to_thread(probe_core, args.gateway_cpu)
     try:
         await asyncio.gather(*(w.start() for w in workers))
         gateway, spec = await start_gateway(args, calls, workers, env, out_dir, f"gateway-{calls}")
-        return await _measure(calls, args, gateway, spec, workers)
+        data, row = await _measure(calls, args, gateway, spec, workers)
     finally:
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
         if gateway is not None:
@@ -254,6 +256,9 @@ async def run_step(
                 await gateway.stop()
             finally:
                 gateway.kill_now()
+    # How fast the gateway's core ran around the step (bench/speed.py): this VM's speed moves.
+    data["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
+    return data, row
 
 
 async def _measure(
@@ -472,6 +477,12 @@ async def run(args: argparse.Namespace) -> int:
             f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
             f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
             f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
+            flush=True,
+        )
+        print(
+            "  core speed probe before/after the step (bench/speed.py; lower is faster): "
+            + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
+            + " ms",
             flush=True,
         )
         print(

@@ -63,6 +63,7 @@ from bench.report import (
     parse_histogram,
     parse_metric,
 )
+from bench.speed import probe_core
 
 __all__ = ["SAMPLE_PERIOD_S", "WARMUP_S", "Trend", "assess", "least_squares_slope", "run_soak"]
 
@@ -255,6 +256,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     ]
     gateway: GatewayProcess | None = None
     failed = False
+    probe_before = await asyncio.to_thread(probe_core, args.gateway_cpu)
     try:
         await asyncio.gather(*(w.start() for w in workers))
         gateway, spec = await start_gateway(args, calls, workers, env, out_dir, "gateway-soak")
@@ -270,6 +272,14 @@ async def run_soak(args: argparse.Namespace) -> int:
                 await gateway.stop()
             finally:
                 gateway.kill_now()
+    # How fast the gateway's core ran around the soak (bench/speed.py): this VM's speed moves.
+    report["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
+    print(
+        "soak: core speed probe before/after (bench/speed.py; lower is faster): "
+        + "/".join("-" if v is None else f"{v:.1f}" for v in report["core_probe_ms"])
+        + " ms",
+        flush=True,
+    )
     path = out_dir / f"soak-{stamp}.json"
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"soak: results in {path}")
