@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.report import parse_proc_stat_ticks, parse_vmrss_bytes
+from bench.report import parse_proc_stat_split, parse_proc_stat_ticks, parse_vmrss_bytes
 
 __all__ = [
     "GatewayProcess",
@@ -276,6 +276,12 @@ class GatewayProcess:
         """User + system CPU of every thread so far (``/proc/<pid>/stat`` utime + stime)."""
         text = Path(f"/proc/{self.pid}/stat").read_text()
         return parse_proc_stat_ticks(text) / CLOCK_TICKS_PER_S
+
+    def cpu_split_seconds(self) -> tuple[float, float]:
+        """(user, system) CPU of every thread so far: the interpreter and its C libraries
+        against the kernel's work for the process (system calls, the loopback path)."""
+        user, system = parse_proc_stat_split(Path(f"/proc/{self.pid}/stat").read_text())
+        return user / CLOCK_TICKS_PER_S, system / CLOCK_TICKS_PER_S
 
     def rss_bytes(self) -> int:
         return parse_vmrss_bytes(Path(f"/proc/{self.pid}/status").read_text())

@@ -295,6 +295,7 @@ async def _measure(
         metrics_before = (await client.get(base_url + "/metrics")).text
         cores_before = _cpu_times()
         gw_cpu0 = gateway.cpu_seconds()
+        gw_split0 = gateway.cpu_split_seconds()
         t0 = time.monotonic()
         starts = await _all(workers, "window_start", 30.0)
         rss_peak = gateway.rss_bytes()
@@ -304,6 +305,7 @@ async def _measure(
         ends = await _all(workers, "window_end", 30.0)
         t1 = time.monotonic()
         gw_cpu1 = gateway.cpu_seconds()
+        gw_split1 = gateway.cpu_split_seconds()
         cores_after = _cpu_times()
         rss_end = gateway.rss_bytes()
         metrics_after = (await client.get(base_url + "/metrics")).text
@@ -360,6 +362,11 @@ async def _measure(
         "window_s": round(window_s, 2),
         "gateway_cpu_pct": round(gw_cpu_pct, 1),
         "gateway_cpu_pct_per_call": round(gw_cpu_pct / held, 3) if held else None,
+        # The same CPU split into the process's user and system time (proc(5) utime, stime).
+        "gateway_user_sys_pct": [
+            round(100.0 * (gw_split1[k] - gw_split0[k]) / window_s, 1) if window_s > 0 else None
+            for k in (0, 1)
+        ],
         "gateway_rss_idle_mb": round(rss_idle / 2**20, 1),
         "gateway_rss_end_mb": round(rss_end / 2**20, 1),
         "gateway_rss_peak_mb": round(rss_peak / 2**20, 1),
@@ -480,7 +487,9 @@ async def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         print(
-            "  core speed probe before/after the step (bench/speed.py; lower is faster): "
+            "  gateway CPU user/system: "
+            + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])
+            + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
             + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
             + " ms",
             flush=True,

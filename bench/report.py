@@ -71,7 +71,13 @@ def summarize(values: Sequence[float]) -> Summary:
 
 # ---------------------------------------------------------------------- /proc (proc(5))
 def parse_proc_stat_ticks(stat_text: str) -> int:
-    """utime + stime of ``/proc/<pid>/stat``, in clock ticks (``SC_CLK_TCK``), all threads.
+    """utime + stime of ``/proc/<pid>/stat``, in clock ticks (``SC_CLK_TCK``), all threads."""
+    user, system = parse_proc_stat_split(stat_text)
+    return user + system
+
+
+def parse_proc_stat_split(stat_text: str) -> tuple[int, int]:
+    """(utime, stime) of ``/proc/<pid>/stat``, in clock ticks, all threads.
 
     Fields 14 and 15 of proc(5). The command name (field 2) is in parentheses and may itself hold
     spaces or parentheses, so fields are counted from the *last* ``)``: field 3 is the first
@@ -83,7 +89,7 @@ def parse_proc_stat_ticks(stat_text: str) -> int:
     fields = stat_text[close + 1 :].split()
     if len(fields) < 13:
         raise ValueError(f"/proc/<pid>/stat has {len(fields) + 2} fields, expected at least 15")
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]), int(fields[12])
 
 
 def parse_vmrss_bytes(status_text: str) -> int:

@@ -31,6 +31,7 @@ from bench.report import (
     parse_cpu_times,
     parse_histogram,
     parse_metric,
+    parse_proc_stat_split,
     parse_proc_stat_ticks,
     parse_vmrss_bytes,
     percentile,
@@ -69,6 +70,7 @@ def test_proc_stat_counts_fields_after_the_last_parenthesis() -> None:
     fields = ["S", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "250", "50", "0", "0"]
     text = "4242 (we ird) name) " + " ".join(fields) + "\n"
     assert parse_proc_stat_ticks(text) == 300
+    assert parse_proc_stat_split(text) == (250, 50)  # user, system
     with pytest.raises(ValueError):
         parse_proc_stat_ticks("4242 no parenthesis")
 
