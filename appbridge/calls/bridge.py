@@ -38,33 +38,46 @@ MAX_BUFFERED_FRAMES = 5
 
 
 class _Side:
-    """One leg of the bridge, and the carrier events it reports."""
+    """One leg of the bridge, and the carrier events it reports.
 
-    __slots__ = ("bridge", "leg", "other", "outbox", "to_other")
+    The side, its bridge, the other side and its leg (whose events are this side) point at one
+    another while the bridge runs; when it is over (:meth:`Bridge._finish`) the side lets go of
+    all of them, so that no reference cycle outlives the bridge (issue 7, media/gc_pacer.py),
+    and whatever the leg still reports is dropped."""
+
+    __slots__ = ("bridge", "leg", "other", "outbox", "relayed", "to_other")
 
     def __init__(self, bridge: Bridge, leg: CarrierLeg) -> None:
-        self.bridge = bridge
-        self.leg = leg
-        self.other: _Side = self  # set once both sides exist
+        self.bridge: Bridge | None = bridge
+        self.leg: CarrierLeg | None = leg
+        self.other: _Side | None = None  # set once both sides exist
         self.outbox: deque[bytes] = deque(maxlen=MAX_BUFFERED_FRAMES)  # audio for this leg
         self.to_other: FrameConverter | None = None
+        self.relayed = 0
+
+    def release(self) -> None:
+        self.bridge = self.leg = self.other = self.to_other = None
+        self.outbox.clear()
 
     # -- CarrierEvents ---------------------------------------------------------------------------
     def on_carrier_audio(self, payload: bytes) -> None:
-        conv = self.to_other
-        if conv is None or self.bridge.done:
+        conv, other = self.to_other, self.other
+        if conv is None or other is None:
             return
-        outbox = self.other.outbox
+        outbox = other.outbox
         for frame in conv.convert(payload):
             outbox.append(frame)
-        self.bridge.frames_relayed += 1
+        self.relayed += 1
 
     def on_carrier_dtmf(self, digit: str) -> None:
-        if not self.bridge.done and not self.other.leg.send_dtmf(digit):
-            log.debug("bridge %s: keypress %s not relayed in band", self.bridge.name, digit)
+        other = self.other
+        if other is not None and other.leg is not None and not other.leg.send_dtmf(digit):
+            log.debug("bridge: keypress %s not relayed in band", digit)
 
     def on_carrier_hangup(self) -> None:
-        self.bridge.party_hung_up(self)
+        bridge = self.bridge
+        if bridge is not None:
+            bridge.party_hung_up(self)
 
 
 class Bridge:
@@ -84,6 +97,7 @@ class Bridge:
         self._subscribe = subscribe
         self._unsubscribe = unsubscribe
         self._on_done = on_done
+        self._legs = (a, b)
         self.a = _Side(self, a)
         self.b = _Side(self, b)
         self.a.other, self.b.other = self.b, self.a
@@ -92,17 +106,23 @@ class Bridge:
         self._clock_key: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.done = False
-        self.frames_relayed = 0
+
+    @property
+    def frames_relayed(self) -> int:
+        return self.a.relayed + self.b.relayed
 
     def start(self) -> None:
         """Both legs report to the bridge from now on, and get fed on every tick."""
-        self.a.leg.attach(self.a)
-        self.b.leg.attach(self.b)
+        a, b = self._legs
+        a.attach(self.a)
+        b.attach(self.b)
         self._clock_key = self._subscribe(self._on_tick)
 
     def _on_tick(self, tick: int) -> None:
         for side in (self.a, self.b):
             leg, outbox = side.leg, side.outbox
+            if leg is None:
+                continue
             for _ in range(leg.frames_wanted(bool(outbox))):
                 if not outbox:
                     break
@@ -113,23 +133,25 @@ class Bridge:
         """One party hung up: the other one is hung up too (INTERFACES §6: ``caller_hangup``)."""
         if self.done:
             return
+        a, b = self._legs
+        other_leg = b if side is self.a else a
         self._finish()
-        self._spawn(self._hang_up(side.other.leg))
+        self._spawn(self._hang_up(other_leg))
 
     async def hangup(self) -> None:
         """End both legs (``DELETE /v1/calls/{callRef}``, a drain running out)."""
         if self.done:
             return
         self._finish()
-        await asyncio.gather(self._hang_up(self.a.leg), self._hang_up(self.b.leg))
+        await asyncio.gather(*(self._hang_up(leg) for leg in self._legs))
 
     def _finish(self) -> None:
         self.done = True
         if self._clock_key is not None:
             self._unsubscribe(self._clock_key)
             self._clock_key = None
-        self.a.outbox.clear()
-        self.b.outbox.clear()
+        self.a.release()
+        self.b.release()
         self._on_done()
 
     async def _hang_up(self, leg: CarrierLeg) -> None:

@@ -280,7 +280,9 @@ class SipUac:
                     self._fail(d, "no-answer", None, "timeout")
             if d.forget_at is not None and d.forget_at <= now:
                 self.dials.pop(d.invite.call_id, None)
-                d.leg = None  # its hang-up callback closes over the dial: no cycle left behind
+                # The leg's hang-up callback closes over the dial, and the owner's answer
+                # (a transfer's future) holds the leg: let go of both, no cycle left behind.
+                d.leg = d.owner = None
 
     # -- responses to our INVITE ----------------------------------------------------------------
     def _invite_response(self, d: UacDial, response: Response) -> None:
