@@ -8,9 +8,10 @@ generation until a deep pass. These tests run whole calls of each carrier agains
 ``gc.DEBUG_SAVEALL``: no group of objects that only refer to one another (a strongly connected
 component of the garbage) may hold an object of the gateway's, named by type when one does.
 
-The test peers' own cycles (httpx responses, websockets' asyncio server) are theirs: only the
-components holding an ``appbridge`` (but not ``appbridge.testing``), uvicorn or httptools
-object count. A call still winding down is alive, not garbage, so nothing here depends on timing.
+The peers' own cycles (httpx responses, websockets' asyncio server, the test caller, the app
+SDK) are theirs: only the components holding a gateway object (``appbridge`` but not its test
+peers, test caller or SDK; uvicorn; httptools) and no peer object count. A call still winding
+down is alive, not garbage, so nothing here depends on timing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ import pytest
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
 from appbridge.testing.fake_app import FakeApp
 from tests.integration.conftest import SECRET, Env, gateway_env
+from tests.integration.sdk_sip_support import (
+    PARTY,
+    PARTY_UAS,
+    run_sipp_uas,
+    sdk_sip_env,
+    sipp_listening,
+)
 from tests.integration.sipp_support import sipp_required
 from tests.integration.test_call_control import with_apps
 from tests.integration.test_session_protocol import connect
@@ -36,11 +44,18 @@ from tests.integration.test_sip_sipp import PCAPS, ROUTED, SipEnv, run_sipp, sip
 from tests.integration.test_twilio_dialect import twilio_env
 
 GATEWAY_MODULES = ("appbridge.", "uvicorn.", "httptools.")
+#: The peers that ship in the package but are not the gateway: the test peers, the test caller
+#: (``appbridge call``) and the app SDK, which run in the callers' and the apps' processes.
+PEER_MODULES = ("appbridge.testing", "appbridge.caller_sip", "appbridge.sdk")
+
+
+def _is_peers(obj: object) -> bool:
+    return (type(obj).__module__ or "").startswith(PEER_MODULES)
 
 
 def _is_gateways(obj: object) -> bool:
     module = type(obj).__module__ or ""
-    return module.startswith(GATEWAY_MODULES) and not module.startswith("appbridge.testing")
+    return module.startswith(GATEWAY_MODULES) and not module.startswith(PEER_MODULES)
 
 
 def _components(garbage: list[object]) -> Iterator[list[object]]:
@@ -100,7 +115,9 @@ def cycles_left() -> Iterator[list[str]]:
             gc.collect()
             for component in _components(list(gc.garbage)):
                 ours = [o for o in component if _is_gateways(o)]
-                if ours:
+                # A peer's own cycle may hold gateway types it uses too (the test caller's
+                # SipLeg): it is the peer's, in the caller's process in real life.
+                if ours and not any(_is_peers(o) for o in component):
                     kinds = Counter(type(o).__qualname__ for o in ours)
                     found.append(", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())))
         finally:
@@ -231,4 +248,32 @@ async def test_ended_calls_with_listeners_leave_no_cycles() -> None:
                 await call.wait_closed(timeout=5)
                 await _wait_ended(lambda: len(env.gw.registry))
                 del call, session, heard
+    assert cycles == []
+
+
+@sipp_required()
+@pytest.mark.timeout(110)
+async def test_a_cold_transfer_bridge_over_sip_leaves_no_cycles(tmp_path: Path) -> None:
+    """The B2BUA path: the gateway dials the party over the trunk (an outbound dial), bridges
+    the caller to it, and the caller hangs up. The dial is kept 64 x T1 (32 s) after it ends."""
+    async with sdk_sip_env() as env:
+        with cycles_left() as cycles:
+            caller = env.caller()
+            try:
+                session = await env.call(caller)
+                party = asyncio.create_task(run_sipp_uas(env, PARTY_UAS, tmp_path))
+                await sipp_listening(env.party_port)
+                end = await asyncio.wait_for(session.transfer(PARTY), 15)
+                assert end.reason == "transfer"
+                await asyncio.sleep(0.5)  # bridged: the caller hears the party
+                await caller.hangup()
+                rc, log = await asyncio.wait_for(party, 15)
+                assert rc == 0, log
+            finally:
+                await caller.close()
+            sip = env.gw.sip
+            assert sip is not None
+            await _wait_ended(lambda: len(env.gw.registry))
+            await _wait_ended(lambda: len(sip.inbound.calls) + len(sip.outbound.dials), 60)
+            del caller, session, party, end
     assert cycles == []
