@@ -23,7 +23,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from appbridge.net.ws_frames import FrameCutter, masked_frame, release_protocol
+from appbridge.net.ws_frames import FrameCutter, drop_bytes, masked_frame, release_protocol
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class WsClient(asyncio.Protocol):
         # the reader, so that no reference cycle outlives it (media/gc_pacer.py).
         self._cutter.release()
         release_protocol(self._proto)
-        self._on_text = self._on_binary = _ignore_message
+        self._on_text = self._on_binary = drop_bytes
         self._on_pong = _ignore_pong
         self._on_closed = _ignore_closed
 
@@ -248,10 +248,6 @@ class WsClient(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
-
-
-def _ignore_message(data: bytes) -> None:
-    pass
 
 
 def _ignore_pong() -> None:

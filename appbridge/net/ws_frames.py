@@ -38,6 +38,7 @@ __all__ = [
     "INCOMPLETE",
     "FrameCutter",
     "apply_mask",
+    "drop_bytes",
     "frame_extent",
     "masked_frame",
     "release_protocol",
@@ -264,7 +265,7 @@ class FrameCutter:
         frees both. Whatever arrives later is dropped."""
         self.enabled = False
         self._deliver = _drop_message
-        self._to_proto = _drop_bytes
+        self._to_proto = drop_bytes
         self._idle = self._is_open = self._connecting = _never
         self._head = self._pending = b""
 
@@ -273,8 +274,8 @@ def _drop_message(text: bool, payload: bytes) -> None:
     pass
 
 
-def _drop_bytes(data: bytes) -> None:
-    pass
+def drop_bytes(data: bytes) -> None:
+    """A data callback that drops what it is given (a released connection's)."""
 
 
 def _never() -> bool:
