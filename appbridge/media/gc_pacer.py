@@ -13,8 +13,9 @@ What:
   rest of the 20 ms frame to itself. ``APPBRIDGE_GC_PERIOD_S`` sets the period; ``0`` keeps
   CPython's own schedule.
 * Each pass ends with ``gc.freeze()``: what survived it moves to the permanent generation, which
-  no pass walks, so the next pass walks only what is newer than ten seconds (a fraction of a
-  millisecond at 200 calls instead of 14-18 ms). Frozen objects are still freed by reference
+  no pass walks, so the next pass walks only what is newer than ten seconds (3.1 ms on average
+  and 8.8 ms at most in a 160-call churn soak, where a pass over every live call took 10-19 ms
+  at 150-200 calls). Frozen objects are still freed by reference
   counting when their last reference goes; what the freeze hides is garbage in reference
   cycles. An ended call forms none (its parts let go of one another as it ends: calls/call.py,
   net/ws_client.py, http/ws_fastpath.py, carriers/sip/; tests/integration/
