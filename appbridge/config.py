@@ -244,11 +244,18 @@ class DeepgramConfig:
         return ("wss" if scheme == "https" else "ws") + "://" + rest
 
 
+# [speech] tts_cache_mb: the default budget of the utterance cache, and its ceiling.
+DEFAULT_TTS_CACHE_MB: Final = 32
+MAX_TTS_CACHE_MB: Final = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class SpeechConfig:
-    """``[speech]``: cloud speech providers. Without it only the offline ``local`` one exists."""
+    """``[speech]``: cloud speech providers (without it only the offline ``local`` one exists)
+    and the budget of the cache of finished utterances (appbridge/speech/cache.py)."""
 
     deepgram: DeepgramConfig | None = None
+    tts_cache_mb: int = DEFAULT_TTS_CACHE_MB
 
 
 @dataclass(frozen=True, slots=True)

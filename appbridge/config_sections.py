@@ -16,6 +16,8 @@ from appbridge.config import (
     DEEPGRAM_BASE_URL,
     DEEPGRAM_STT_MODEL,
     DEEPGRAM_TTS_MODEL,
+    DEFAULT_TTS_CACHE_MB,
+    MAX_TTS_CACHE_MB,
     AppConfig,
     AppProtocol,
     AudioConfig,
@@ -185,8 +187,16 @@ def parse_speech_providers(reader: Reader, data: Mapping[str, Any]) -> SpeechCon
     table = reader.table(data, "speech", "speech")
     if table is None:
         return None
-    reader.check_keys("speech", table, ("deepgram",))
-    return SpeechConfig(deepgram=_parse_deepgram(reader, table))
+    reader.check_keys("speech", table, ("deepgram", "tts_cache_mb"))
+    cache_mb = reader.integer(
+        table,
+        "tts_cache_mb",
+        "speech.tts_cache_mb",
+        default=DEFAULT_TTS_CACHE_MB,
+        low=0,
+        high=MAX_TTS_CACHE_MB,
+    )
+    return SpeechConfig(deepgram=_parse_deepgram(reader, table), tts_cache_mb=cache_mb)
 
 
 def _parse_deepgram(reader: Reader, parent: Mapping[str, Any]) -> DeepgramConfig | None:

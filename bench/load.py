@@ -104,7 +104,10 @@ def dialect_line(args: argparse.Namespace) -> str:
             "dialect twilio: Twilio-ingress callers only, Pipecat-style Media Streams apps "
             "sending at 2x real time"
         )
-    return f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz)"
+    return (
+        f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz), "
+        f"speak {args.speak}"
+    )
 
 
 def _cell(summary: dict[str, Any]) -> str:
@@ -238,6 +241,7 @@ async def run_step(
     env = bench_env()
     env["BENCH_PEERS"] = getattr(args, "peers", "lean")  # bench/worker.py PEERS_ENV
     env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
+    env["BENCH_SPEAK"] = args.speak  # bench/worker.py SPEAK_ENV
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
@@ -348,6 +352,7 @@ async def _measure(
         "offered": calls,
         "offered_sip_share": args.sip_share,
         "dialect": args.dialect,
+        "speak": args.speak,
         "max_calls": spec.max_calls,
         "refused": sum(int(r.get("refused", 0)) for r in ramps),
         "refused_sip": sum(int(r.get("refused_sip", 0)) for r in ramps),

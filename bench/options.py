@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         "about half the CPU) or classic (appbridge/testing's FakeTwilio and FakeApp; kept for one "
         "release to compare); with --dialect twilio the app is always the lean one",
     )
+    parser.add_argument(
+        "--speak",
+        choices=("repeated", "unique"),
+        default="repeated",
+        help="the apps' speak text: repeated (one sentence, as an IVR prompt: after the first "
+        "the gateway's utterance cache answers it) or unique (a new sentence every time, as "
+        "an LLM's answers: eSpeak NG synthesises every one)",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")

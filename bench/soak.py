@@ -249,6 +249,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     env = bench_env()
     env["BENCH_PEERS"] = args.peers  # bench/worker.py PEERS_ENV: lean unless --peers classic
     env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
+    env["BENCH_SPEAK"] = args.speak  # bench/worker.py SPEAK_ENV
     load_cpus = args.load_cpus or [None]
     workers: list[WorkerProc] = [
         SoakWorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"soak-worker-{k}.log")
@@ -465,6 +466,7 @@ def _summarise(
         "app_protocol_errors": total("app_protocol_errors"),
         "caller_protocol_errors": total("caller_protocol_errors"),
         "dialect": args.dialect,
+        "speak": args.speak,
         "peers": args.peers,
         "workers": [{k: v for k, v in f.items() if k != "figures"} for f in finishes],
     }

@@ -34,6 +34,8 @@ __all__ = ["AppScript", "Burst", "TalkingApp", "burst_kind", "caller_tone_ulaw",
 
 #: About 2.05 s of speech from the offline ``local`` voice at its default 175 wpm.
 SPEAK_TEXT = "Thanks, your order shipped today."
+#: ``--speak unique``: a new sentence every time (about 2.3 s), so no cache can answer it.
+UNIQUE_SPEAK_TEXT = "Thanks, order {n} shipped today."
 APP_RATE_HZ = 16000
 APP_TONE_HZ = 600.0
 #: The app sends its audio in chunks of this length, back to back (apps send ahead of time).
@@ -91,11 +93,14 @@ class TalkingApp:
         clear_after_s: float = 0.3,
         speak_text: str = SPEAK_TEXT,
         seed: int = 7,
+        unique_speak: bool = False,
     ) -> None:
         self.period_s = period_s
         self.burst_s = burst_s
         self.clear_after_s = clear_after_s
         self.speak_text = speak_text
+        self.unique_speak = unique_speak
+        self._spoken = seed * 1_000_000  # workers' seeds differ, so their sentences do too
         self.rng = random.Random(seed)
         self.scripts: dict[str, AppScript] = {}
         self.stopping = False
@@ -128,6 +133,12 @@ class TalkingApp:
             if time.monotonic() > next_at:  # far behind: skip, do not pile bursts up
                 next_at = time.monotonic() + self.period_s
 
+    def _next_text(self) -> str:
+        if not self.unique_speak:
+            return self.speak_text
+        self._spoken += 1
+        return UNIQUE_SPEAK_TEXT.format(n=self._spoken)
+
     async def _burst(self, script: AppScript, index: int) -> None:
         session = script.session
         kind, cleared = burst_kind(index)
@@ -137,7 +148,7 @@ class TalkingApp:
             item_id: str | None = f"s{index}"
             burst = Burst(index, kind, sent_at, mark_name, item_id, None)
             script.bursts.append(burst)
-            await session.send({"type": "speak", "id": item_id, "text": self.speak_text})
+            await session.send({"type": "speak", "id": item_id, "text": self._next_text()})
         else:
             burst = Burst(index, kind, sent_at, mark_name, None, self.audio_ms)
             script.bursts.append(burst)

@@ -80,6 +80,8 @@ TWILIO_SLOTS_ENV = "BENCH_TWILIO_SLOTS"
 #: (bench/pipecat_app.py, Pipecat-style Media Streams apps; always lean).
 DIALECT_ENV = "BENCH_DIALECT"
 DIALECTS = ("fonoster", "twilio")
+#: The fonoster apps' speak text: "repeated" (one sentence) or "unique" (bench/talker.py).
+SPEAK_ENV = "BENCH_SPEAK"
 
 
 def is_sip_session(start: dict[str, Any]) -> bool:
@@ -161,6 +163,7 @@ class Worker:
         account_sid: str,
         peers: str = "lean",
         dialect: str = "fonoster",
+        speak: str = "repeated",
     ):
         if peers not in PEERS:
             raise ValueError(f"{PEERS_ENV} must be one of {PEERS}, not {peers!r}")
@@ -179,7 +182,7 @@ class Worker:
                 secret=app_secret, account_sid=account_sid, seed=1000 + index
             )
         else:
-            self.talker = TalkingApp(seed=1000 + index)
+            self.talker = TalkingApp(seed=1000 + index, unique_speak=speak == "unique")
             if self.peers == "lean":
                 self.app = LeanApp(secret=app_secret)
                 self.app.loudness_if = is_sip_session
@@ -442,6 +445,7 @@ def worker_from_env(cls: type[W], index: int) -> W:
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
         peers=os.environ.get(PEERS_ENV) or "lean",
         dialect=os.environ.get(DIALECT_ENV) or "fonoster",
+        speak=os.environ.get(SPEAK_ENV) or "repeated",
     )
 
 

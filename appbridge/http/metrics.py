@@ -81,6 +81,20 @@ def render_metrics(gw: Gateway) -> str:
         "Media clock resyncs.",
         [("", clock.resyncs)],
     )
+    cache = gw.catalog.tts_cache
+    if cache is not None:
+        metric(
+            "appbridge_tts_cache_requests_total",
+            "counter",
+            "Speech requests by whether the finished utterance was cached (speech/cache.py).",
+            [('{result="hit"}', cache.stats.hits), ('{result="miss"}', cache.stats.misses)],
+        )
+        metric(
+            "appbridge_tts_cache_bytes",
+            "gauge",
+            "PCM held by the utterance cache.",
+            [("", cache.bytes)],
+        )
     pacer = getattr(gw, "gc_pacer", None)
     if pacer is not None:
         passes = pacer.pacer

@@ -26,12 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from appbridge.config import SpeechConfig
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
     TtsProvider,
     VoiceInfo,
 )
+from appbridge.speech.cache import CachingTtsProvider, TtsCache
 from appbridge.speech.providers.local import LocalTtsProvider
 
 if TYPE_CHECKING:
@@ -149,7 +151,13 @@ class SpeechCatalog:
     Built once at start-up from ``provider.voices()`` (cheap by contract, so no engine loads).
     """
 
-    def __init__(self, providers: Sequence[TtsProvider], default_voice: str | None = None) -> None:
+    def __init__(
+        self,
+        providers: Sequence[TtsProvider],
+        default_voice: str | None = None,
+        tts_cache: TtsCache | None = None,
+    ) -> None:
+        self.tts_cache = tts_cache  # what the providers' CachingTtsProvider wrappers share
         self._providers: dict[str, TtsProvider] = {}
         self._voices: dict[str, tuple[TtsProvider, VoiceInfo]] = {}
         self._by_provider: dict[str, list[VoiceInfo]] = {}
@@ -262,9 +270,13 @@ def build_catalog(config: Config) -> SpeechCatalog:
     caller owns the Deepgram provider's HTTP client: ``await provider.aclose()`` at shutdown.
     """
     providers: list[TtsProvider] = [LocalTtsProvider()]
-    deepgram = config.speech.deepgram if config.speech is not None else None
-    if deepgram is not None:
+    speech = config.speech or SpeechConfig()
+    if speech.deepgram is not None:
         from appbridge.speech.providers.deepgram import DeepgramTtsProvider
 
-        providers.append(DeepgramTtsProvider.from_config(deepgram))
-    return SpeechCatalog(providers, default_voice="local/en-US")
+        providers.append(DeepgramTtsProvider.from_config(speech.deepgram))
+    if speech.tts_cache_mb <= 0:
+        return SpeechCatalog(providers, default_voice="local/en-US")
+    cache = TtsCache(speech.tts_cache_mb * 1024 * 1024)
+    cached: list[TtsProvider] = [CachingTtsProvider(p, cache) for p in providers]
+    return SpeechCatalog(cached, default_voice="local/en-US", tts_cache=cache)

@@ -14,6 +14,7 @@ import hmac
 import time
 import uuid
 
+from appbridge.http.metrics import render_metrics
 from appbridge.testing.audio import dominant_freq, tone_pcm16, ulaw_decode, ulaw_encode
 from appbridge.testing.fake_app import FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
@@ -97,6 +98,27 @@ async def test_streamed_speak_pieces_make_one_utterance(env: Env) -> None:
     started = session.of_type("output.started")
     assert [m["id"] for m in started] == ["u1"]
     assert len(call.heard_ulaw()) / 8000 > 1.5
+    assert session.of_type("error") == []
+
+
+async def test_a_repeated_sentence_plays_whole_from_the_tts_cache(env: Env) -> None:
+    call, session, _ = await connect(env)
+    cache = env.gw.catalog.tts_cache
+    assert cache is not None
+    text = "Your call matters to us, please stay on the line."
+    heard_ms: list[int] = []
+    hits, misses = cache.stats.hits, cache.stats.misses
+    for item in ("first", "again"):
+        await session.send({"type": "speak", "id": item, "text": text})
+        done = await session.wait_for(
+            lambda m, i=item: m.get("type") == "output.done" and m["id"] == i, timeout=15
+        )
+        heard_ms.append(done["heardMs"])
+    assert (cache.stats.misses, cache.stats.hits) == (misses + 1, hits + 1)
+    assert heard_ms[0] > 1500 and abs(heard_ms[1] - heard_ms[0]) <= 40
+    assert len(call.heard_ulaw()) / 8000 > 2 * 1.5
+    metrics = render_metrics(env.gw)
+    assert 'appbridge_tts_cache_requests_total{result="hit"} ' in metrics
     assert session.of_type("error") == []
 
 

@@ -28,6 +28,7 @@ from appbridge.speech.base import (
     TtsChunk,
     VoiceInfo,
 )
+from appbridge.speech.cache import CachingTtsProvider
 from appbridge.speech.catalog import build_catalog, default_catalog
 from appbridge.speech.providers.deepgram import (
     DeepgramTtsProvider,
@@ -208,7 +209,8 @@ def test_build_catalog_adds_deepgram_voices_only_when_configured() -> None:
     catalog = build_catalog(config)
     assert catalog.default_voice_id == "local/en-US"
     provider, voice, language = catalog.voice_for("deepgram/aura-2-thalia-en", "en-GB")
-    assert isinstance(provider, DeepgramTtsProvider)
+    assert isinstance(provider, CachingTtsProvider)  # [speech] tts_cache_mb defaults to 32
+    assert isinstance(provider.inner, DeepgramTtsProvider)
     assert (voice.rate_hz, language) == (24000, "en-GB")
     with pytest.raises(FeatureNotSupported):
         catalog.voice_for("deepgram/aura-2-thalia-en", "fr-FR")
