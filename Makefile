@@ -11,11 +11,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# setup.py builds the C extension (appbridge/media/_ratecv.c): a change to it reinstalls.
+BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c
+
+$(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(TEST_STAMP): $(BIN)/python pyproject.toml
+$(TEST_STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
@@ -38,4 +41,4 @@ bench: install
 	$(BIN)/python -m bench.load $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build appbridge/media/*.so

@@ -34,6 +34,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
+from appbridge.media.resample import ratecv
+
 __all__ = [
     "CODECS",
     "G722_16K",
@@ -180,7 +182,8 @@ def _g722_module() -> Any:
 class Converter:
     """A stateful, streaming converter from one `AudioFormat` to another.
 
-    The pipeline is decode to pcm16, resample with `audioop.ratecv` (linear interpolation; its
+    The pipeline is decode to pcm16, resample with `resample.ratecv` (audioop's linear
+    interpolation, compiled; its
     state is kept between calls, so a stream converts the same whatever its chunking), encode.
     A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
     chunk, so apps may send binary frames of any length (seed 004, "Audio": "frames of any
@@ -271,9 +274,7 @@ class Converter:
             assert self._decode is not None
             pcm = self._decode(data, 2)
         if self._resample:
-            pcm, self._state = audioop.ratecv(
-                pcm, 2, 1, self._src.rate_hz, self._dst.rate_hz, self._state
-            )
+            pcm, self._state = ratecv(pcm, self._src.rate_hz, self._dst.rate_hz, self._state)
         if self._g722_encoder is not None:
             return self._encode_g722(pcm)
         if self._encode is None:

@@ -31,6 +31,8 @@ from typing import Final
 
 import webrtcvad
 
+from appbridge.media.resample import ratecv
+
 with warnings.catch_warnings():
     # audioop is deprecated in 3.11/3.12 (removed in 3.13, where audioop-lts provides it).
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -125,14 +127,14 @@ class Vad:
         if self._min_rms and audioop.rms(pcm16_frame, 2) < self._min_rms:
             # Still resample, so the resampler's history stays continuous.
             if self._inner_rate_hz != self._rate_hz:
-                _, self._state = audioop.ratecv(
-                    pcm16_frame, 2, 1, self._rate_hz, self._inner_rate_hz, self._state
+                _, self._state = ratecv(
+                    pcm16_frame, self._rate_hz, self._inner_rate_hz, self._state
                 )
             return False
         frame = pcm16_frame
         if self._inner_rate_hz != self._rate_hz:
-            frame, self._state = audioop.ratecv(
-                pcm16_frame, 2, 1, self._rate_hz, self._inner_rate_hz, self._state
+            frame, self._state = ratecv(
+                pcm16_frame, self._rate_hz, self._inner_rate_hz, self._state
             )
             # 24 kHz to 16 kHz is an exact 3:2 ratio, so each frame yields the same count; guard
             # anyway against a one-sample wobble of the interpolator.

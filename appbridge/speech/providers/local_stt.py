@@ -47,7 +47,6 @@ import os
 import re
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,6 +57,7 @@ from typing import Any, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from appbridge.media.resample import ratecv
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
@@ -68,10 +68,6 @@ from appbridge.speech.base import (
 from appbridge.speech.catalog import normalize_language_tag, primary_language
 from appbridge.speech.priority import lower_current_thread_priority
 from appbridge.turn.vad import Segmenter, Utterance
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import audioop
 
 __all__ = [
     "LocalSttProvider",
@@ -411,8 +407,8 @@ class LocalSttStream:
         if self._closed or self._failed:
             return
         if self._rate_hz != MODEL_RATE_HZ:
-            pcm16, self._ratecv_state = audioop.ratecv(
-                pcm16[: len(pcm16) & ~1], 2, 1, self._rate_hz, MODEL_RATE_HZ, self._ratecv_state
+            pcm16, self._ratecv_state = ratecv(
+                pcm16[: len(pcm16) & ~1], self._rate_hz, MODEL_RATE_HZ, self._ratecv_state
             )
         for utterance in self._segmenter.feed(pcm16):
             self._enqueue(utterance)
