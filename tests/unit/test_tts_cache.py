@@ -10,7 +10,7 @@ import pytest
 
 from appbridge.config import ConfigError, default_config, parse_config
 from appbridge.speech.base import ProviderTimeout, TtsChunk, VoiceInfo, WordTiming
-from appbridge.speech.cache import CachingTtsProvider, TtsCache
+from appbridge.speech.cache import SEEN_DIGESTS, CachingTtsProvider, TtsCache, cache_key
 from appbridge.speech.catalog import build_catalog, default_catalog
 from appbridge.speech.providers.local import LocalTtsProvider, shared_engine
 
@@ -53,19 +53,37 @@ async def speak(
         return [chunk async for chunk in stream]
 
 
-async def test_a_finished_utterance_is_answered_from_the_cache() -> None:
+async def test_a_sentence_asked_for_again_is_kept_and_then_answered_from_the_cache() -> None:
     inner = CountingProvider()
     cache = TtsCache(10_000)
     provider = CachingTtsProvider(inner, cache)
     first = await speak(provider, "Hello there.")
+    assert len(cache) == 0  # said once: only its digest is remembered
     second = await speak(provider, "Hello there.")
-    assert inner.requests == ["Hello there."]
-    assert [(c.pcm16, c.rate_hz, c.words) for c in second] == [
+    assert len(cache) == 1 and cache.bytes == 300
+    third = await speak(provider, "Hello there.")
+    assert inner.requests == ["Hello there.", "Hello there."]
+    assert [(c.pcm16, c.rate_hz, c.words) for c in third] == [
         (c.pcm16, c.rate_hz, c.words) for c in first
     ]
-    assert second[0].words is not first[0].words  # each hit gets lists of its own
-    assert (cache.stats.hits, cache.stats.misses, cache.stats.stored) == (1, 1, 1)
-    assert cache.bytes == 300 and len(cache) == 1
+    assert third[0].words is not second[0].words  # each hit gets lists of its own
+    stats = cache.stats
+    assert (stats.hits, stats.misses, stats.first_seen, stats.stored) == (1, 2, 1, 1)
+
+
+async def test_sentences_said_once_cost_no_memory() -> None:
+    inner = CountingProvider()
+    cache = TtsCache(10_000_000)
+    provider = CachingTtsProvider(inner, cache)
+    for n in range(SEEN_DIGESTS + 100):
+        await speak(provider, f"Answer number {n}.")
+    assert cache.bytes == 0 and len(cache) == 0
+    assert cache.stats.first_seen == SEEN_DIGESTS + 100
+    assert len(cache._seen) == SEEN_DIGESTS  # the oldest digests are forgotten
+    await speak(provider, "Answer number 0.")  # forgotten: a first request again
+    assert len(cache) == 0
+    await speak(provider, f"Answer number {SEEN_DIGESTS + 99}.")  # remembered: kept now
+    assert len(cache) == 1
 
 
 async def test_voice_language_and_text_make_the_key() -> None:
@@ -82,22 +100,25 @@ async def test_an_utterance_cut_short_is_not_kept() -> None:
     inner = CountingProvider()
     cache = TtsCache(10_000)
     provider = CachingTtsProvider(inner, cache)
+    await speak(provider, "Cut me.")  # the first request: remembered, not kept
     async with contextlib.aclosing(provider.synthesize("Cut me.", VOICE, "en-US")) as stream:
         async for _ in stream:
             break  # a clear: the consumer stops reading
-    assert inner.closed == 1  # the engine's stream was closed at once
+    assert inner.closed == 2  # the engine's stream was closed at once
     assert len(cache) == 0
     await speak(provider, "Cut me.")
-    assert inner.requests == ["Cut me.", "Cut me."]
+    assert inner.requests == ["Cut me."] * 3
+    assert len(cache) == 1
 
 
 async def test_a_failed_utterance_raises_and_is_not_kept() -> None:
     inner = CountingProvider(fail_after=2)
     cache = TtsCache(10_000)
     provider = CachingTtsProvider(inner, cache)
-    with pytest.raises(ProviderTimeout):
-        await speak(provider, "Broken.")
-    assert len(cache) == 0 and inner.closed == 1
+    for _ in range(2):
+        with pytest.raises(ProviderTimeout):
+            await speak(provider, "Broken.")
+    assert len(cache) == 0 and inner.closed == 2
 
 
 async def test_least_recently_used_goes_first_and_large_ones_never_enter() -> None:
@@ -106,8 +127,10 @@ async def test_least_recently_used_goes_first_and_large_ones_never_enter() -> No
     provider = CachingTtsProvider(inner, cache)
     for n in range(8):
         await speak(provider, f"Sentence {n}.")
+        await speak(provider, f"Sentence {n}.")  # asked twice: kept
     await speak(provider, "Sentence 0.")  # a hit: now the most recently used
-    await speak(provider, "Sentence 8.")  # evicts sentence 1
+    await speak(provider, "Sentence 8.")
+    await speak(provider, "Sentence 8.")  # kept: evicts sentence 1
     assert cache.stats.evicted == 1 and cache.bytes == 8 * 300
     before = len(inner.requests)
     await speak(provider, "Sentence 0.")
@@ -116,10 +139,10 @@ async def test_least_recently_used_goes_first_and_large_ones_never_enter() -> No
     assert len(inner.requests) == before + 1
 
     big = CachingTtsProvider(CountingProvider(chunks=4), cache)
-    await speak(big, "Too long to keep.")
-    await speak(big, "Too long to keep.")
-    assert cache.stats.too_large == 2
-    assert all(text != "Too long to keep." for _, _, text in cache._entries)
+    for _ in range(3):
+        await speak(big, "Too long to keep.")
+    assert cache.stats.too_large == 2  # the second and third requests tried
+    assert cache_key("fake/one", "en-US", "Too long to keep.") not in cache._entries
 
 
 def config_with(speech_toml: str):  # type: ignore[no-untyped-def]
@@ -159,10 +182,12 @@ async def test_real_espeak_speaks_a_cached_sentence_once() -> None:
         async with contextlib.aclosing(provider.synthesize(text, voice, language)) as stream:
             return [chunk async for chunk in stream]
 
-    first = await spoken()
+    await spoken()
+    first = await spoken()  # asked for again: kept
     requests = engine.stats.requests
     second = await spoken()
     assert engine.stats.requests == requests  # eSpeak NG did not run again
+    # eSpeak NG varies its samples a little from run to run: equal bytes are the cache's.
     assert b"".join(c.pcm16 for c in second) == b"".join(c.pcm16 for c in first)
     assert len(b"".join(c.pcm16 for c in first)) > voice.rate_hz  # over half a second
     assert [w.text for c in second for w in c.words] == [w.text for c in first for w in c.words]
