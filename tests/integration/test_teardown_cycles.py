@@ -38,7 +38,7 @@ from tests.integration.sdk_sip_support import (
     sipp_listening,
 )
 from tests.integration.sipp_support import sipp_required
-from tests.integration.test_call_control import with_apps
+from tests.integration.test_call_control import _app, _reload, with_apps
 from tests.integration.test_session_protocol import connect
 from tests.integration.test_sip_sipp import PCAPS, ROUTED, SipEnv, run_sipp, sip_gateway
 from tests.integration.test_twilio_dialect import twilio_env
@@ -219,6 +219,35 @@ async def test_ended_twilio_dialect_calls_leave_no_cycles() -> None:
             await call.wait_closed(timeout=5)
             await _wait_ended(lambda: len(env.gw.registry))
             del call, session
+    assert cycles == []
+
+
+async def test_a_call_handed_off_after_hold_leaves_no_cycles(env: Env) -> None:
+    """Hold and resume, then a handoff: the first app's link, commands and queue are let go
+    while the call lives on with the second app's, and the caller ends it there."""
+    async with with_apps(1) as (second,):
+        apps = dict(env.gw.config.apps)
+        apps["second"] = _app("second", second.url)
+        _reload(env, apps)
+        with cycles_left() as cycles:
+            call, first, _ = await connect(env)
+            await first.send({"type": "hold", "id": "h"})
+            await first.send({"type": "resume", "id": "r"})
+            await first.send({"type": "speak", "id": "s", "text": "Passing you on."})
+            await first.wait_for("output.done", timeout=10)
+            await first.send({"type": "handoff", "id": "ho", "app": "second", "payload": {}})
+            await first.wait_for("session.end", timeout=5)
+            session = await second.next_session(timeout=5)
+            await session.wait_for("session.start", timeout=5)
+            await session.send({"type": "speak", "id": "hi", "text": "Second app here."})
+            await session.wait_for("output.done", timeout=10)
+            await call.hangup()
+            await session.wait_for("session.end", timeout=5)
+            for ws in (first, session):
+                await ws.wait_closed(timeout=5)
+            await call.wait_closed(timeout=5)
+            await _wait_ended(lambda: len(env.gw.registry))
+            del call, first, session, ws
     assert cycles == []
 
 
