@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speak",
         choices=("repeated", "unique"),
         default="repeated",
-        help="the apps' speak text: repeated (one sentence, as an IVR prompt: after the first "
-        "the gateway's utterance cache answers it) or unique (a new sentence every time, as "
+        help="the apps' speak text: repeated (one sentence, as an IVR prompt: from its third "
+        "request on the gateway's utterance cache answers it) or unique (a new sentence every time, as "
         "an LLM's answers: eSpeak NG synthesises every one)",
     )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
