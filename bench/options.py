@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("repeated", "unique"),
         default="repeated",
         help="the apps' speak text: repeated (one sentence, as an IVR prompt: from its third "
-        "request on the gateway's utterance cache answers it) or unique (a new sentence every time, as "
-        "an LLM's answers: eSpeak NG synthesises every one)",
+        "request on the gateway's utterance cache answers it) or unique (a new sentence every "
+        "time, as an LLM's answers: eSpeak NG synthesises every one)",
     )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
