@@ -62,6 +62,11 @@ def _over(value: Any, limit: float) -> bool:
     return isinstance(value, int | float) and float(value) > limit
 
 
+#: ``make bench`` with no ``--calls`` (issue 7: "a bounded ramp: 50, 100, 200, 300, 400, ...
+#: until a bar breaks"): these steps in order, stopping after the first that misses a bar.
+DEFAULT_RAMP: tuple[int, ...] = (50, 100, *range(200, 1001, 100))
+
+
 def bar_failures(step: Mapping[str, Any]) -> list[str]:
     """Which bars ``step`` missed, as short texts (empty: it met every bar)."""
     if "error" in step:

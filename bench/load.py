@@ -1,6 +1,7 @@
 """``make bench``: N concurrent Twilio calls on loopback against fake apps that talk back.
 
-Usage: ``python -m bench.load [--calls 50,200,400] [--hold 30] [--workers 1]``
+Usage: ``python -m bench.load [--calls 50,100,200 [--until-break]] [--hold 30] [--workers 1]``
+(no ``--calls``: the bounded ramp 50, 100, 200, ..., 1000, stopping at the first broken bar)
 (``make bench BENCH_ARGS="--calls 50,100 --hold 20"``).
 
 Each step of the ramp gets a fresh gateway, run as its own process (``appbridge serve``) pinned
@@ -33,7 +34,7 @@ from typing import Any
 import httpx
 
 from bench.analysis import CallerFigures
-from bench.bars import bar_failures, final_line
+from bench.bars import DEFAULT_RAMP, bar_failures, final_line
 from bench.gateway_proc import (
     GatewayProcess,
     GatewaySpec,
@@ -449,6 +450,40 @@ def receive_stamps_line(step: dict[str, Any], peers: str) -> str:
     return line
 
 
+def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path: Path) -> None:
+    """The lines under a step's row: what the table's cells summarise."""
+    print(
+        f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
+        f"bursts with no audio at all {data['bursts_silent']} (in "
+        f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
+        f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
+        f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
+        f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
+        flush=True,
+    )
+    print(
+        "  gateway CPU user/system: "
+        + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])
+        + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
+        + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
+        + " ms",
+        flush=True,
+    )
+    print(
+        "  by carrier (p50/p99/max ms): "
+        + "; ".join(
+            f"{carrier}: clear→silence {_cell(part['clear_to_silence_ms'])}, inbound "
+            f"{_cell(part['inbound_latency_ms'])}, jitter {_cell(part['caller_jitter_ms'])}, "
+            f"frames lost {part['frames_lost']}/{part['frames_expected']}"
+            for carrier, part in data["by_carrier"].items()
+        ),
+        flush=True,
+    )
+    print(f"  {receive_stamps_line(data, args.peers)}", flush=True)
+    if data["held"] == 0:
+        print(f"bench: no call was answered; see {log_path}", flush=True)
+
+
 # ---------------------------------------------------------------------- the run
 async def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
@@ -478,40 +513,16 @@ async def run(args: argparse.Namespace) -> int:
             failed = True
             print(f"bench: step of {calls} calls failed: {type(exc).__name__}: {exc}", flush=True)
             report["steps"].append({"offered": calls, "error": f"{type(exc).__name__}: {exc}"})
+            if args.until_break:
+                break
             continue
         report["steps"].append(data)
         rows.append(row)
         print(format_table(HEADERS, [row]), flush=True)
-        print(
-            f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
-            f"bursts with no audio at all {data['bursts_silent']} (in "
-            f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
-            f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
-            f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
-            f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
-            flush=True,
-        )
-        print(
-            "  gateway CPU user/system: "
-            + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])
-            + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
-            + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
-            + " ms",
-            flush=True,
-        )
-        print(
-            "  by carrier (p50/p99/max ms): "
-            + "; ".join(
-                f"{carrier}: clear→silence {_cell(part['clear_to_silence_ms'])}, inbound "
-                f"{_cell(part['inbound_latency_ms'])}, jitter {_cell(part['caller_jitter_ms'])}, "
-                f"frames lost {part['frames_lost']}/{part['frames_expected']}"
-                for carrier, part in data["by_carrier"].items()
-            ),
-            flush=True,
-        )
-        print(f"  {receive_stamps_line(data, args.peers)}", flush=True)
-        if data["held"] == 0:
-            print(f"bench: no call was answered; see {out_dir}/gateway-{calls}.log", flush=True)
+        print_step_details(data, args, out_dir / f"gateway-{calls}.log")
+        if args.until_break and bar_failures(data) and calls != args.calls[-1]:
+            print(f"bench: {calls} calls missed a bar; the ramp stops here", flush=True)
+            break
     print()
     print(dialect_line(args))
     print(format_table(HEADERS, rows))
@@ -545,7 +556,10 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.calls is None:
-        args.calls = [DEFAULT_SOAK_CALLS] if args.soak is not None else [50, 200, 400]
+        if args.soak is not None:
+            args.calls = [DEFAULT_SOAK_CALLS]
+        else:
+            args.calls, args.until_break = list(DEFAULT_RAMP), True
     if args.soak is not None and (len(args.calls) != 1 or not 0 < args.soak <= 86400):
         print("bench: --soak takes one --calls value and 0 < SECONDS <= 86400", file=sys.stderr)
         return 2

@@ -48,7 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="AppBridge load benchmark (bench/README.md).",
     )
     parser.add_argument(
-        "--calls", type=_calls, default=None, help="steps (50,200,400; with --soak: 120)"
+        "--calls",
+        type=_calls,
+        default=None,
+        help="steps (default: the bounded ramp 50,100,200,300,...,1000, which stops after the "
+        "first step that misses a bar; with --soak: 120)",
+    )
+    parser.add_argument(
+        "--until-break",
+        action="store_true",
+        help="with --calls: stop after the first step that misses a bar, as the default ramp does",
     )
     parser.add_argument(
         "--soak",

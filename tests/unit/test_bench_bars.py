@@ -89,3 +89,40 @@ def test_final_line_names_the_count_and_what_broke_above_it() -> None:
     none = final_line([step(50, valid=False)])
     assert none.startswith("largest call count that met every bar: none")
     assert final_line([]) == "largest call count that met every bar: none (no step ran)"
+
+
+# -- the ramp (bench/load.py): bounded, and it stops at the first broken bar
+
+
+def _ramp(monkeypatch: Any, tmp_path: Any, argv: list[str], broken_from: int) -> list[int]:
+    """Runs ``bench.load.main(argv)`` with every step faked: steps of ``broken_from`` calls or
+    more miss the inbound bar. Returns the call counts the ramp ran."""
+    import bench.load as load
+
+    ran: list[int] = []
+
+    async def fake_step(calls: int, args: Any, out_dir: Any) -> tuple[dict[str, Any], list[str]]:
+        ran.append(calls)
+        inbound = {"count": 10, "p50": 1.0, "p99": 9.0 if calls >= broken_from else 2.0}
+        data = step(calls, inbound_latency_ms=inbound, held_sip=calls // 2, refused_sip=0)
+        return data, [str(calls)] + ["-"] * (len(load.HEADERS) - 1)
+
+    monkeypatch.setattr(load, "run_step", fake_step)
+    monkeypatch.setattr(load, "print_step_details", lambda *a: None)
+    assert load.main([*argv, "--out", str(tmp_path)]) == 0
+    return ran
+
+
+def test_the_default_ramp_climbs_until_a_bar_breaks(monkeypatch: Any, tmp_path: Any) -> None:
+    from bench.bars import DEFAULT_RAMP
+
+    assert DEFAULT_RAMP[:5] == (50, 100, 200, 300, 400) and DEFAULT_RAMP[-1] == 1000
+    assert _ramp(monkeypatch, tmp_path, [], broken_from=300) == [50, 100, 200, 300]
+    assert _ramp(monkeypatch, tmp_path, [], broken_from=5000) == list(DEFAULT_RAMP)  # bounded
+
+
+def test_explicit_steps_all_run_unless_until_break(monkeypatch: Any, tmp_path: Any) -> None:
+    steps = ["--calls", "100,200,300"]
+    assert _ramp(monkeypatch, tmp_path, steps, broken_from=200) == [100, 200, 300]
+    until = [*steps, "--until-break"]
+    assert _ramp(monkeypatch, tmp_path, until, broken_from=200) == [100, 200]
