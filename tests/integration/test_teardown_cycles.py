@@ -27,8 +27,10 @@ from typing import Any
 
 import pytest
 
+from appbridge.carriers import twilio_outbound
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
 from appbridge.testing.fake_app import FakeApp
+from appbridge.testing.fake_twilio_outbound import Callee
 from tests.integration.conftest import SECRET, Env, gateway_env
 from tests.integration.sdk_sip_support import (
     PARTY,
@@ -42,6 +44,7 @@ from tests.integration.test_call_control import _app, _reload, with_apps
 from tests.integration.test_session_protocol import connect
 from tests.integration.test_sip_sipp import PCAPS, ROUTED, SipEnv, run_sipp, sip_gateway
 from tests.integration.test_twilio_dialect import twilio_env
+from tests.integration.test_twilio_outbound import api, place, wait_state
 
 GATEWAY_MODULES = ("appbridge.", "uvicorn.", "httptools.")
 #: The peers that ship in the package but are not the gateway: the test peers, the test caller
@@ -248,6 +251,66 @@ async def test_a_call_handed_off_after_hold_leaves_no_cycles(env: Env) -> None:
             await call.wait_closed(timeout=5)
             await _wait_ended(lambda: len(env.gw.registry))
             del call, first, session, ws
+    assert cycles == []
+
+
+@pytest.fixture
+def short_dial_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Twilio dial's record is kept 60 s after it ends (late status callbacks), holding its
+    call and leg alive: forget it after 0.2 s here, so that the check sees them freed."""
+    monkeypatch.setattr(twilio_outbound, "LINGER_S", 0.2)
+
+
+@pytest.mark.usefixtures("short_dial_linger")
+async def test_an_outbound_rest_call_over_twilio_leaves_no_cycles(env: Env) -> None:
+    """``POST /v1/calls`` through Twilio: the dial, its status callbacks, the callee's stream
+    and the session, ended with ``DELETE`` (the REST hang-up)."""
+    env.rest.dialer.default_callee = Callee("answer", after_ms=20)
+    with cycles_left() as cycles:
+        ref = await place(env, "+15550004444")
+        out = await env.rest.dialer.next_call()
+        call = await out.wait_stream()
+        session = await env.app.next_session(timeout=5)
+        await session.wait_for("session.start", timeout=5)
+        await call.send_audio_ulaw(ulaw_encode(tone_pcm16(400, 200, 8000)))
+        await session.send({"type": "speak", "id": "s", "text": "An outbound hello."})
+        await session.wait_for("output.done", timeout=10)
+        assert (await api(env, "DELETE", f"/v1/calls/{ref}")).status_code == 200
+        await session.wait_for("session.end", timeout=5)
+        await call.wait_closed(timeout=5)
+        await out.wait_for_status("completed")
+        await wait_state(env, ref, {"ended"})
+        await _wait_ended(lambda: len(env.gw.registry))
+        del out, call, session
+    assert cycles == []
+
+
+@pytest.mark.usefixtures("short_dial_linger")
+async def test_a_warm_transfer_over_twilio_leaves_no_cycles(env: Env) -> None:
+    """The engine's warm transfer: a party dialed through Twilio, the consultation, the bridge
+    after ``transfer.complete``, then the caller hangs up and the party's stream ends."""
+    env.rest.dialer.default_callee = Callee("answer", after_ms=20)
+    with cycles_left() as cycles:
+        caller = await env.twilio.place_call("+15550001111", "+15550002222")
+        session = await env.app.next_session(timeout=5)
+        await session.wait_for("session.start", timeout=5)
+        await session.send({"type": "transfer", "id": "w1", "to": "+15550004321", "mode": "warm"})
+        out = await env.rest.dialer.next_call()
+        party = await out.wait_stream()
+        heard = session.inbound_audio
+        before = len(heard())
+        await party.send_audio_ulaw(ulaw_encode(tone_pcm16(600, 400, 8000)))
+        # The consultation is on once the party's audio reaches the app.
+        await session.wait_until(lambda: len(heard()) - before >= 9600, timeout=5)
+        await session.send({"type": "transfer.complete", "id": "w1"})
+        await session.wait_for("session.end", timeout=5)
+        await caller.send_audio_ulaw(ulaw_encode(tone_pcm16(500, 200, 8000)))
+        await caller.hangup()
+        await caller.wait_closed(timeout=5)
+        await party.wait_closed(timeout=10)
+        await session.wait_closed(timeout=5)
+        await _wait_ended(lambda: len(env.gw.registry), timeout_s=10)
+        del caller, session, out, party
     assert cycles == []
 
 
