@@ -88,7 +88,7 @@ ratecv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer view;
     long inrate, outrate, divisor, d, prev = 0, cur = 0;
     Py_ssize_t frames, bound, written = 0;
-    PyObject *out, *result;
+    PyObject *out;
     const unsigned char *src;
     int16_t *dst;
 
@@ -173,8 +173,7 @@ done:
     if (_PyBytes_Resize(&out, written * 2) < 0) {
         return NULL;
     }
-    result = Py_BuildValue("(N(l((ll))))", out, d, prev, cur);
-    return result;
+    return Py_BuildValue("(N(l((ll))))", out, d, prev, cur);
 }
 
 static PyMethodDef methods[] = {

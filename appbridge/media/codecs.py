@@ -183,8 +183,8 @@ class Converter:
     """A stateful, streaming converter from one `AudioFormat` to another.
 
     The pipeline is decode to pcm16, resample with `resample.ratecv` (audioop's linear
-    interpolation, compiled; its
-    state is kept between calls, so a stream converts the same whatever its chunking), encode.
+    interpolation, compiled; its state is kept between calls, so a stream converts the same
+    whatever its chunking), encode.
     A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
     chunk, so apps may send binary frames of any length (seed 004, "Audio": "frames of any
     length"). G.722 encodes sample pairs (its QMF splits two input samples into one code of each

@@ -12,7 +12,6 @@ for the same voice, language and text are answered from memory at once.
   again. The cache remembers a digest of each sentence it has seen (the last
   :data:`SEEN_DIGESTS` of them, 16 bytes each) and stores a sentence's audio from its second
   request on.
-
 * Only an utterance that ran to its end is kept: one cut short by ``clear``/``preempt``
   (the consumer closed the stream) or ended by an error is not, so a cached sentence is always
   whole.
