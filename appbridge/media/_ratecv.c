@@ -92,6 +92,7 @@ ratecv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *src;
     int16_t *dst;
 
+    (void)module;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "ratecv(data, inrate, outrate, state) takes 4 arguments");
         return NULL;
@@ -189,6 +190,10 @@ static struct PyModuleDef module_def = {
     "The media path's sample-rate converter (appbridge/media/_ratecv.c).",
     -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC
