@@ -312,6 +312,15 @@ def frames_8k(pcm16: bytes) -> list[bytes]:
     return [pcm16[i : i + FRAME_BYTES] for i in range(0, len(pcm16) - FRAME_BYTES + 1, FRAME_BYTES)]
 
 
+async def hear_on(caller: SipTestCaller, seconds: float = 0.3, timeout_s: float = 10.0) -> None:
+    """Until the caller has heard ``seconds`` more of the call. Its RTP never stops (silence
+    once nothing plays), so whatever the gateway played before now has then come through the
+    caller's jitter buffer: counted in media time, not wall time, so a loaded machine cannot
+    cut it short (a fixed sleep could)."""
+    target = len(caller.heard()) + int(seconds * 8000) * 2
+    await caller.wait_until(lambda: len(caller.heard()) >= target, timeout_s)
+
+
 def voiced_span_s(pcm16: bytes) -> float:
     """Seconds from the first to the last non-silent 20 ms frame (0 when all silent)."""
     loud = [i for i, f in enumerate(frames_8k(pcm16)) if rms_pcm16(f) >= SILENT_RMS]

@@ -49,6 +49,7 @@ from tests.integration.sdk_sip_support import (
     SdkSipEnv,
     at_s,
     frames_8k,
+    hear_on,
     is_silent,
     run_sipp_uas,
     sdk_sip_env,
@@ -140,7 +141,7 @@ async def test_say_is_heard_for_as_long_as_it_lasts(env: SdkSipEnv, caller: SipT
     before = len(caller.heard())
     result = await asyncio.wait_for(session.say("Hello from the SDK, over SIP."), 15)
     assert result.done and result.heard_ms > 800
-    await asyncio.sleep(0.3)  # the last packets through the caller's jitter buffer
+    await hear_on(caller)  # the last packets through the caller's jitter buffer
     heard = caller.heard()[before:]
     assert abs(voiced_span_s(heard) - result.heard_ms / 1000) < 0.3, voiced_span_s(heard)
     assert max(rms_pcm16(f) for f in frames_8k(heard)) > 1000
@@ -179,7 +180,7 @@ async def test_preempt_plays_first_and_an_unknown_voice_raises(
     assert (await asyncio.wait_for(queued, 10)).done
     with pytest.raises(InvalidCatalogId):
         await asyncio.wait_for(session.say("hi", voice="nope/nothing"), 5)
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     assert voiced_s(caller.heard()) > 1.0
 
 
@@ -194,7 +195,7 @@ async def test_say_stream_is_one_utterance(env: SdkSipEnv, caller: SipTestCaller
     before = len(caller.heard())
     result = await asyncio.wait_for(session.say_stream(tokens()), 15)
     assert result.done and result.heard_ms > 1500
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     assert voiced_span_s(caller.heard()[before:]) > 1.5
 
 
@@ -205,7 +206,7 @@ async def test_play_and_a_play_that_cannot_be_fetched(
     before = len(caller.heard())
     played = await asyncio.wait_for(session.play(f"{env.media_url}/tone.wav"), 10)
     assert played.done and abs(played.heard_ms - 800) <= 40
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     heard = caller.heard()[before:]
     assert abs(voiced_s(heard) - 0.8) <= 0.1
     assert abs(dominant_freq(heard, 8000) - MUSIC_HZ) < 20
@@ -219,7 +220,7 @@ async def test_send_audio_then_a_mark(env: SdkSipEnv, caller: SipTestCaller) -> 
     await session.send_audio(tone_pcm16(700, 600, 16000, amplitude=8000))
     mark = await asyncio.wait_for(session.mark("after-audio"), 5)
     assert mark.name == "after-audio" and mark.cleared is False
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     heard = caller.heard()[before:]
     assert 0.5 <= voiced_s(heard) <= 0.7
     assert abs(dominant_freq(heard, 8000) - 700) < 20
@@ -309,7 +310,7 @@ async def test_without_auto_barge_in_the_say_plays_on(
     assert not out.done()  # the caller is talking over the sentence
     result = await asyncio.wait_for(out, 20)
     assert result.done and result.heard_ms > 3000
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     assert abs(voiced_span_s(caller.heard()[before:]) - result.heard_ms / 1000) < 0.3
 
 
@@ -402,7 +403,7 @@ async def test_handoff_to_a_second_sdk_app(env: SdkSipEnv, caller: SipTestCaller
     assert (second.call_ref, second.from_) == (first.call_ref, caller.from_user)
     before = len(caller.heard())
     assert (await asyncio.wait_for(second.say("Second app here."), 10)).done
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     assert voiced_s(caller.heard()[before:]) > 0.4
     assert not caller.ended  # the call lives on across the handoff
     await caller.hangup()
@@ -470,7 +471,7 @@ async def test_cold_transfer_to_a_busy_party_fails_and_the_call_goes_on(
         await asyncio.wait_for(session.transfer("sip:someone@203.0.113.9"), 5)
     before = len(caller.heard())
     assert (await asyncio.wait_for(session.say("Sorry, they are busy."), 10)).done
-    await asyncio.sleep(0.3)
+    await hear_on(caller)
     assert voiced_s(caller.heard()[before:]) > 0.5
 
 
