@@ -34,7 +34,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
-from appbridge.media.resample import ratecv
+from appbridge.media.resample import RatecvState, ratecv
 
 __all__ = [
     "CODECS",
@@ -227,7 +227,7 @@ class Converter:
                 self._g722_encoder = _g722_module().G722Encoder()
         self._carry = b""
         self._pair_carry = b""
-        self._state: Any = None
+        self._state: RatecvState | None = None
 
     @property
     def src(self) -> AudioFormat:

@@ -31,7 +31,7 @@ from typing import Final
 
 import webrtcvad
 
-from appbridge.media.resample import ratecv
+from appbridge.media.resample import RatecvState, ratecv
 
 with warnings.catch_warnings():
     # audioop is deprecated in 3.11/3.12 (removed in 3.13, where audioop-lts provides it).
@@ -101,7 +101,7 @@ class Vad:
         self._inner_rate_hz = SESSION_RATES_HZ[rate_hz]
         self._frame_bytes = rate_hz * frame_ms // 1000 * 2
         self._vad = webrtcvad.Vad(aggressiveness)
-        self._state: tuple[int, tuple[tuple[int, int], ...]] | None = None
+        self._state: RatecvState | None = None
         self._min_rms = 0 if min_dbfs is None else int(_FULL_SCALE * 10.0 ** (min_dbfs / 20.0))
 
     @property

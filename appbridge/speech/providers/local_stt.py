@@ -57,7 +57,7 @@ from typing import Any, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from appbridge.media.resample import ratecv
+from appbridge.media.resample import RatecvState, ratecv
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
@@ -389,7 +389,7 @@ class LocalSttStream:
         self._rate_hz = rate_hz
         self._hint_ids = list(hint_ids)
         self._segmenter = segmenter
-        self._ratecv_state: tuple[int, tuple[tuple[int, int], ...]] | None = None
+        self._ratecv_state: RatecvState | None = None
         self._finals: deque[Utterance] = deque()
         self._partial: Utterance | None = None
         self._busy = False
