@@ -22,9 +22,9 @@ from appbridge.http.ws_fastpath import (
     FastHandler,
     FastWebSocket,
     UpgradeRequest,
-    fast_ws_protocol,
     text_frame,
 )
+from appbridge.http.ws_router import fast_ws_protocol
 
 
 class FakeTransport:
