@@ -431,7 +431,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)  # uvloop's is no subclass
 
-    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         leg = self.leg
         if leg is None:
             self.received_early += 1

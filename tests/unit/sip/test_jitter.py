@@ -237,7 +237,7 @@ def test_paused_stream_stops_then_rebuffers() -> None:
     first = stream(10)
     # The sender pauses 1 s (silence suppression): sequence continues, timestamp jumps.
     second = [
-        (t + 1.2, RtpPacket(0, p.sequence + 10, p.timestamp + 10 * 160 + 8000 * 1.0, 1, p.payload))
+        (t + 1.2, RtpPacket(0, p.sequence + 10, p.timestamp + 10 * 160 + 8000, 1, p.payload))
         for t, p in stream(10)
     ]
     second = [(t, RtpPacket(0, p.sequence, int(p.timestamp), 1, p.payload)) for t, p in second]

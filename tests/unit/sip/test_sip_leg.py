@@ -208,17 +208,16 @@ def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
     """IPv6 sources carry flow info and scope id too; the latch compares host and port only."""
     from appbridge.carriers.sip.leg import RtpProtocol
 
-    seen: list[tuple[str, int]] = []
-
-    class Leg:
-        def datagram_received(self, data: bytes, source: tuple[str, int], now: float) -> None:
-            seen.append(source)
-
-    proto = RtpProtocol(VirtualClock())
-    proto.leg = Leg()  # type: ignore[assignment]
-    proto.datagram_received(b"x", ("127.0.0.1", 4000))
-    proto.datagram_received(b"x", ("::1", 4002, 0, 0))  # type: ignore[arg-type]
-    assert seen == [("127.0.0.1", 4000), ("::1", 4002)]
+    for source, latched in (
+        (("127.0.0.1", 4000), ("127.0.0.1", 4000)),
+        (("::1", 4002, 0, 0), ("::1", 4002)),
+    ):
+        leg, clock, _, _, _ = make_leg()
+        proto = RtpProtocol(clock)
+        proto.leg = leg
+        packet = RtpPacket(0, 1, 160, 99, b"\xff" * 160).serialize()
+        proto.datagram_received(packet, source)  # type: ignore[arg-type]
+        assert leg.receiver.latched_address == latched
 
 
 async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -> None:
