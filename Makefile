@@ -11,16 +11,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# setup.py builds the C extension (appbridge/media/_ratecv.c): a change to it reinstalls.
-BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c
+# setup.py builds the C extensions: appbridge/media/_ratecv.c, and with mypyc the modules listed in
+# appbridge/compiled.py. A change to any of them rebuilds (a compiled module ignores its source).
+COMPILED_SOURCES := $(shell sed -n 's/^    "\(appbridge[a-z_.]*\)",$$/\1/p' appbridge/compiled.py | tr . / | sed 's/$$/.py/')
+BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c appbridge/compiled.py $(COMPILED_SOURCES)
 
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# The test install is a superset of the plain one: it stands for both (no second compile).
 $(TEST_STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	touch $@ $(STAMP)
 
 install: $(STAMP)
 
@@ -41,4 +44,5 @@ bench: install
 	$(BIN)/python -m bench.load $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build appbridge/media/*.so
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build
+	find appbridge -name '*.so' -delete

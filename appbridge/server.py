@@ -22,6 +22,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from appbridge import compiled
 from appbridge.config import Config, ConfigError, load_config
 from appbridge.gateway import Gateway
 from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server
@@ -116,6 +117,7 @@ async def run_gateway(
         config.server.port,
         config.source,
     )
+    _report_build()
     if ready is not None:
         ready(gw, server)
 
@@ -136,6 +138,25 @@ async def run_gateway(
     drain_task.cancel()
     stop_task.cancel()
     return 0
+
+
+def _report_build() -> None:
+    """Which media path runs: compiled (mypyc, appbridge/compiled.py) or interpreted, and whether
+    a compiled module is older than its source (an edit not rebuilt is not running)."""
+    interpreted = [m for m in compiled.COMPILED_MODULES if not compiled.is_compiled(m)]
+    if interpreted:
+        log.info(
+            "media path: %d of %d modules interpreted (no compiled build)",
+            len(interpreted),
+            len(compiled.COMPILED_MODULES),
+        )
+    stale = compiled.stale_modules()
+    if stale:
+        log.warning(
+            "compiled modules older than their source, the old build runs (rebuild with "
+            "`make install`): %s",
+            ", ".join(stale),
+        )
 
 
 def serve(config: Config, config_path: str | None = None) -> int:

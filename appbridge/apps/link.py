@@ -17,6 +17,8 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from appbridge import __version__
 from appbridge.apps.timers import Keepalive, KeepaliveAction, RetryWindow
 from appbridge.clock import Clock
@@ -52,6 +54,7 @@ class LinkListener(Protocol):
         ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests stand a recording link in for it
 class AppLink:
     """A connected link. Create with :func:`dial`."""
 

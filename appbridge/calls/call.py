@@ -39,6 +39,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from mypy_extensions import mypyc_attr
+
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
@@ -80,6 +82,9 @@ class DialResult:
     message: str | None = None
 
 
+# A regular Python class even when this module is compiled (appbridge/compiled.py): its command
+# handler holds it through a weak reference, which compiled (native) classes do not support.
+@mypyc_attr(native_class=False)
 class Call:
     def __init__(
         self,

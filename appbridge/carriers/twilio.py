@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
@@ -65,7 +65,6 @@ ASGISend = Any
 ASGIReceive = Any
 
 
-@runtime_checkable
 class StreamSink(Protocol):
     """Where a leg's frames go when no task stands between it and the socket
     (:class:`~appbridge.http.ws_fastpath.FastWebSocket`). Every method returns at once."""
@@ -154,7 +153,7 @@ class TwilioLeg:
         outbound: TwilioOutbound | None = None,
     ) -> None:
         self._send: ASGISend = send
-        self._sink: StreamSink | None = send if isinstance(send, StreamSink) else None
+        self._sink: StreamSink | None = send if hasattr(send, "send_droppable_text") else None
         self.stream_sid = stream_sid
         self.call_sid = call_sid
         self._rest = rest

@@ -119,7 +119,14 @@ async def update_call(gw: Gateway, request: Request) -> Response:
     ended_wall = gw.clock.wall()
     resource = call_resource(call, account_sid, "completed", ended_wall)
     log.info("call %s: hang-up through the Twilio-compatible endpoint", call_sid)
-    return JSONResponse(resource, background=BackgroundTask(call.end, "app_hangup"))
+
+    async def hang_up() -> None:
+        # A function defined here, not ``call.end`` itself: Starlette runs a background task in a
+        # thread unless ``inspect`` calls it a coroutine function, which it does not for a
+        # compiled one (appbridge/compiled.py).
+        await call.end("app_hangup")
+
+    return JSONResponse(resource, background=BackgroundTask(hang_up))
 
 
 async def method_not_allowed(request: Request) -> Response:

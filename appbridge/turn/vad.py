@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import webrtcvad
+from mypy_extensions import mypyc_attr
 
 from appbridge.media.resample import RatecvState, ratecv
 
@@ -164,6 +165,7 @@ class Utterance:
     final: bool
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests script utterances through a subclass
 class Segmenter:
     """Cuts a pcm16 stream (16 kHz by default) into utterances for a recogniser that transcribes
     whole windows, such as Whisper (``appbridge.speech.providers.local_stt``).

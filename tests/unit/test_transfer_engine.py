@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from appbridge.apps.link import AppLink
 from appbridge.calls.call import Call
 from appbridge.calls.transfer import ANSWER_TIMEOUT_S, ringback_pcm16
 from appbridge.carriers.base import CarrierEvents, CarrierLeg, TransferError
@@ -89,10 +90,10 @@ class FakeLeg:
         self.closed = True
 
 
-class FakeLink:
+class FakeLink(AppLink):
     """The app's socket, seen from the engine."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # none of AppLink's state: every method used is replaced
         self.messages: list[dict[str, Any]] = []
         self.audio: list[bytes] = []
         self.closed = False
@@ -100,8 +101,9 @@ class FakeLink:
     def send_control(self, data: bytes) -> None:
         self.messages.append(json.loads(data))
 
-    def send_audio(self, data: bytes, text: bool = False) -> None:
+    def send_audio(self, data: bytes, text: bool = False) -> bool:
         self.audio.append(data)
+        return True
 
     def attach(self, call: Any) -> None:
         pass

@@ -1,0 +1,79 @@
+"""The modules compiled to C with mypyc (issue 7), and a check that the build is current.
+
+These are the modules every audio frame passes through: RTP in and out, the jitter buffer, the
+Twilio stream's fast path, the conversions, the VAD and turn detector, the output queue, the
+media clock and the app link's writes. They are plain, type-checked Python; ``setup.py`` hands
+this list to mypyc, which turns each into an extension module (``<name>.cpython-*.so``) that
+Python imports in place of the ``.py`` beside it. The source stays the truth: without a C compiler,
+or with ``APPBRIDGE_COMPILE=0`` at install time, the same modules run interpreted.
+
+A compiled module does not notice its source changing: after editing one of these files, rebuild
+(``make install`` / ``make install-test`` do it when a file listed here changes).
+:func:`stale_modules` lists the ones whose source is newer than their build; the test suite
+fails on any, and ``appbridge serve`` logs a warning.
+
+Nothing here imports the rest of the package: ``setup.py`` reads this file on its own.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+COMPILED_MODULES: tuple[str, ...] = (
+    "appbridge.apps.link",
+    "appbridge.calls.call",
+    "appbridge.calls.listening",
+    "appbridge.carriers.sip.jitter",
+    "appbridge.carriers.sip.leg",
+    "appbridge.carriers.sip.rtp",
+    "appbridge.carriers.twilio",
+    "appbridge.http.ws_fastpath",
+    "appbridge.media.codecs",
+    "appbridge.media.media_clock",
+    "appbridge.media.output_queue",
+    "appbridge.media.reframe",
+    "appbridge.media.resample",
+    "appbridge.net.ws_client",
+    "appbridge.net.ws_frames",
+    "appbridge.turn.detector",
+    "appbridge.turn.vad",
+)
+
+GROUP_NAME = "appbridge._native"
+"""mypyc's shared library for the group: ``appbridge/_native__mypyc.cpython-*.so``."""
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def source_path(module: str, root: Path = _ROOT) -> Path:
+    return root.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def extension_path(module: str, root: Path = _ROOT) -> Path | None:
+    """The built extension beside the module's source, if there is one."""
+    source = source_path(module, root)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = source.with_name(source.stem + suffix)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def is_compiled(module: str) -> bool:
+    """True when importing ``module`` loads the compiled extension (whether or not it is loaded
+    yet)."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+
+
+def stale_modules(modules: tuple[str, ...] = COMPILED_MODULES, root: Path = _ROOT) -> list[str]:
+    """Compiled modules whose source changed after they were built: Python would run the old
+    build, not the source."""
+    stale = []
+    for module in modules:
+        ext = extension_path(module, root)
+        if ext is not None and source_path(module, root).stat().st_mtime > ext.stat().st_mtime:
+            stale.append(module)
+    return stale
