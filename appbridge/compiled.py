@@ -22,8 +22,10 @@ import importlib.util
 from pathlib import Path
 
 COMPILED_MODULES: tuple[str, ...] = (
+    "appbridge.apps.dialects",
     "appbridge.apps.link",
     "appbridge.calls.call",
+    "appbridge.calls.commands",
     "appbridge.calls.listening",
     "appbridge.carriers.sip.jitter",
     "appbridge.carriers.sip.leg",
@@ -33,6 +35,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "appbridge.media.codecs",
     "appbridge.media.media_clock",
     "appbridge.media.output_queue",
+    "appbridge.media.pacing",
     "appbridge.media.reframe",
     "appbridge.media.resample",
     "appbridge.net.ws_client",

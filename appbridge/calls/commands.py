@@ -17,7 +17,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from appbridge.calls.transfer import TransferFlow
 from appbridge.media.codecs import AudioFormat, Converter
@@ -75,7 +75,7 @@ class CommandHandler:
         # The call owns this handler: a weak reference back, so that the two form no reference
         # cycle and an ended call is freed by reference counting alone (media/gc_pacer.py).
         # Commands are the control path, so the indirection costs nothing that shows.
-        self.call: Call = cast("Call", weakref.proxy(call))
+        self._call = weakref.ref(call)
         self.queue: OutputQueue | None = None
         self.out_format: AudioFormat | None = None
         self._raw_conv: Converter | None = None
@@ -90,6 +90,13 @@ class CommandHandler:
         self.listen_language: str | None = None
         self.listen_hints: list[str] = []
         self.patience = "normal"
+
+    @property
+    def call(self) -> Call:
+        call = self._call()
+        if call is None:
+            raise ReferenceError("the call this command handler served is gone")
+        return call
 
     # -- set-up -------------------------------------------------------------------------------
     def on_queue_ready(self, queue: OutputQueue, out_format: AudioFormat) -> None:

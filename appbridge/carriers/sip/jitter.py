@@ -56,7 +56,7 @@ def _signed32(value: int) -> int:
     return ((value + 0x8000_0000) & 0xFFFF_FFFF) - 0x8000_0000
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class JitterFrame:
     """One frame of playout. `payload` is b"" for a silence concealment frame; the caller
     decodes `duration_units` of silence then. Not frozen: one is made per frame, and a frozen
@@ -70,6 +70,24 @@ class JitterFrame:
     duration_units: int
     concealed: bool
     marker: bool = False
+
+    def __init__(  # written out: see RtpPacket
+        self,
+        payload: bytes,
+        payload_type: int | None,
+        sequence: int,
+        timestamp: int,
+        duration_units: int,
+        concealed: bool,
+        marker: bool = False,
+    ) -> None:
+        self.payload = payload
+        self.payload_type = payload_type
+        self.sequence = sequence
+        self.timestamp = timestamp
+        self.duration_units = duration_units
+        self.concealed = concealed
+        self.marker = marker
 
 
 @dataclass(slots=True)

@@ -86,13 +86,18 @@ def is_rtcp(data: bytes) -> bool:
     return len(data) >= 2 and 192 <= data[1] <= 223
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RtpPacket:
     """One RTP packet (RFC 3550 section 5.1).
 
     `extension_profile` is None when the X bit is clear; `extension` holds the extension data
     without its 4-byte header (a multiple of 4 bytes). `padding_bytes` counts the padding added
     after the payload including the final count byte (0 for none).
+
+    ``__init__`` is written out (``init=False``), as in :class:`RtpArrival` and
+    :class:`~appbridge.carriers.sip.jitter.JitterFrame`: one is made per packet, and the one
+    ``dataclasses`` would generate runs interpreted even when this module is compiled
+    (appbridge/compiled.py).
     """
 
     payload_type: int
@@ -105,6 +110,30 @@ class RtpPacket:
     extension_profile: int | None = None
     extension: bytes = b""
     padding_bytes: int = 0
+
+    def __init__(
+        self,
+        payload_type: int,
+        sequence: int,
+        timestamp: int,
+        ssrc: int,
+        payload: bytes = b"",
+        marker: bool = False,
+        csrc: tuple[int, ...] = (),
+        extension_profile: int | None = None,
+        extension: bytes = b"",
+        padding_bytes: int = 0,
+    ) -> None:
+        self.payload_type = payload_type
+        self.sequence = sequence
+        self.timestamp = timestamp
+        self.ssrc = ssrc
+        self.payload = payload
+        self.marker = marker
+        self.csrc = csrc
+        self.extension_profile = extension_profile
+        self.extension = extension
+        self.padding_bytes = padding_bytes
 
     @classmethod
     def parse(cls, data: bytes) -> RtpPacket:
@@ -367,7 +396,7 @@ class RtpStats:
         return max(0, self.expected - self.received)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RtpArrival:
     """A packet accepted by `RtpReceiver`; `source_changed` asks the caller to reset its
     jitter buffer and decoder (new SSRC or re-latched source). Not frozen, as
@@ -376,6 +405,11 @@ class RtpArrival:
     packet: RtpPacket
     ext_sequence: int
     source_changed: bool
+
+    def __init__(self, packet: RtpPacket, ext_sequence: int, source_changed: bool) -> None:
+        self.packet = packet
+        self.ext_sequence = ext_sequence
+        self.source_changed = source_changed
 
 
 Address = tuple[str, int]
