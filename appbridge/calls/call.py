@@ -39,8 +39,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from mypy_extensions import mypyc_attr
-
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
@@ -56,6 +54,7 @@ from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
 from appbridge.net.plaintext import redact_url
 from appbridge.protocol import session_v1 as sv1
+from appbridge.weakable import Weakable
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
@@ -82,10 +81,7 @@ class DialResult:
     message: str | None = None
 
 
-# A regular Python class even when this module is compiled (appbridge/compiled.py): its command
-# handler holds it through a weak reference, which compiled (native) classes do not support.
-@mypyc_attr(native_class=False)
-class Call:
+class Call(Weakable):  # Weakable: the command handler holds it through a weak reference
     def __init__(
         self,
         gw: Gateway,
