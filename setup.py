@@ -7,6 +7,7 @@
   interpreted too, with a warning.
 """
 
+import importlib.machinery
 import os
 import runpy
 import shutil
@@ -30,14 +31,24 @@ def _have_c_compiler() -> bool:
     return shutil.which(cc) is not None
 
 
-if os.environ.get("APPBRIDGE_COMPILE", "1") == "0":
-    print("appbridge: APPBRIDGE_COMPILE=0, the media path stays interpreted", file=sys.stderr)
-elif not _have_c_compiler():
-    print("appbridge: no C compiler found, the media path stays interpreted", file=sys.stderr)
+def _remove_earlier_builds(modules: list[str]) -> None:
+    """An interpreted install must not leave an earlier compiled build in the tree (an editable
+    install builds in place): Python would import it instead of the source."""
+    for module in modules:
+        base = module.replace(".", "/")
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if os.path.exists(base + suffix):
+                os.remove(base + suffix)
+
+
+listed = runpy.run_path("appbridge/compiled.py")
+if os.environ.get("APPBRIDGE_COMPILE", "1") == "0" or not _have_c_compiler():
+    why = "APPBRIDGE_COMPILE=0" if _have_c_compiler() else "no C compiler found"
+    print(f"appbridge: {why}, the media path stays interpreted", file=sys.stderr)
+    _remove_earlier_builds([*listed["COMPILED_MODULES"], listed["GROUP_NAME"] + "__mypyc"])
 else:
     from mypyc.build import mypycify
 
-    listed = runpy.run_path("appbridge/compiled.py")
     extensions += mypycify(
         [m.replace(".", "/") + ".py" for m in listed["COMPILED_MODULES"]],
         group_name=listed["GROUP_NAME"],
