@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.machinery
+import logging
 import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from appbridge import compiled
 
@@ -48,3 +51,17 @@ def test_a_source_newer_than_its_build_is_stale(tmp_path: Path) -> None:
     modules = ("pkg.fresh", "pkg.edited", "pkg.plain")
     assert compiled.stale_modules(modules, tmp_path) == ["pkg.edited"]
     assert compiled.extension_path("pkg.plain", tmp_path) is None
+
+
+def test_serve_reports_an_interpreted_or_stale_build(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from appbridge import server
+
+    monkeypatch.setattr(compiled, "is_compiled", lambda module: False)
+    monkeypatch.setattr(compiled, "stale_modules", lambda: ["appbridge.media.codecs"])
+    with caplog.at_level(logging.INFO, logger="appbridge"):
+        server._report_build()
+    text = caplog.text
+    assert f"{len(compiled.COMPILED_MODULES)} of {len(compiled.COMPILED_MODULES)} modules" in text
+    assert "older than their source" in text and "appbridge.media.codecs" in text
