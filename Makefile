@@ -16,13 +16,20 @@ $(BIN)/python:
 COMPILED_SOURCES := $(shell sed -n 's/^    "\(appbridge[a-z_.]*\)",$$/\1/p' appbridge/compiled.py | tr . / | sed 's/$$/.py/')
 BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c appbridge/compiled.py $(COMPILED_SOURCES)
 
+# Installed twice when needed: mypyc compiles against the dependencies, which a fresh venv gets
+# only during the first install (that one leaves the media path interpreted; setup.py).
+COMPILED_OK := $(BIN)/python -c "import sys; from appbridge import compiled as c; \
+	sys.exit(any(not c.is_compiled(m) for m in c.COMPILED_MODULES))"
+
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e .
+	$(COMPILED_OK) || $(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 # The test install is a superset of the plain one: it stands for both (no second compile).
 $(TEST_STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/pip install -q -e '.[test]'
+	$(COMPILED_OK) || $(BIN)/pip install -q --no-deps -e .
 	touch $@ $(STAMP)
 
 install: $(STAMP)
