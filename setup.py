@@ -76,10 +76,9 @@ if why is not None:
 else:
     from mypyc.build import mypycify
 
-    # mypyc type-checks before compiling, on its own settings rather than pyproject's [tool.mypy]
-    # (`make lint` is where the code is held to those): pip builds in an environment without
-    # the runtime dependencies, whose types are then unknown (Any), which the strict sections
-    # would reject. No cache either, so that a build never depends on what ran before it.
+    # mypyc type-checks before compiling: on its own settings, not pyproject's [tool.mypy]
+    # (`make lint` holds the code to those), and without a cache, so that a build depends only
+    # on the source and the installed dependencies, never on an earlier run.
     extensions += mypycify(
         [
             "--config-file=",
