@@ -7,7 +7,6 @@
   runtime dependencies are installed, they are left interpreted too, with a message.
 """
 
-import importlib.machinery
 import os
 import runpy
 import shutil
@@ -15,6 +14,9 @@ import sys
 import sysconfig
 
 from setuptools import Extension, setup
+
+# The list of compiled modules and its path helpers, read without importing the package.
+listed = runpy.run_path("appbridge/compiled.py")
 
 extensions = [
     Extension(
@@ -35,10 +37,9 @@ def _remove_earlier_builds(modules: list[str]) -> None:
     """An interpreted install must not leave an earlier compiled build in the tree (an editable
     install builds in place): Python would import it instead of the source."""
     for module in modules:
-        base = module.replace(".", "/")
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            if os.path.exists(base + suffix):
-                os.remove(base + suffix)
+        built = listed["extension_path"](module)
+        if built is not None:
+            os.remove(built)
 
 
 # Packages whose types the compiled modules are checked against (their classes are subclassed
@@ -68,7 +69,6 @@ def _interpreted_because() -> str | None:
     return None
 
 
-listed = runpy.run_path("appbridge/compiled.py")
 why = _interpreted_because()
 if why is not None:
     print(f"appbridge: {why}; the media path stays interpreted", file=sys.stderr)
