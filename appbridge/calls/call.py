@@ -111,6 +111,10 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.link: AppLink | None = None
         self.listeners: ListenerSet | None = None
         self.ears: Ears | None = None
+        # The ears listen in pcm16; when that is the session's format too, the frames converted
+        # for the app serve them as they are (one conversion per frame, not two). Kept by
+        # _sync_ears and _use_app, so that no frame compares the two formats.
+        self._ears_share_frames = False
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
         self.hold_queue: OutputQueue | None = None  # music while on hold; None otherwise
@@ -237,6 +241,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         elif not wanted and self.ears is not None:
             ears, self.ears = self.ears, None
             self.spawn(ears.close(), "ears-close")
+        self._ears_share_frames = self.ears is not None and self.ears.format == self.session_format
 
     def _use_app(self, app: AppConfig) -> None:
         self.app = app
@@ -244,6 +249,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         fmt = session_format_for(app)
         if fmt != self.session_format:
             self.session_format = fmt
+            self._sync_ears()
             if self.leg is not None:
                 self._build_converters(self.leg.audio_format)
                 self.commands.on_session_format(fmt)
@@ -381,9 +387,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         frames = conv.convert(payload)
         ears = self.ears
         if ears is not None:
-            # The ears listen in pcm16; when that is the session's format too, the frames just
-            # converted for the app serve them as they are (one conversion per frame, not two).
-            if ears.format == self.session_format:
+            if self._ears_share_frames:
                 ears.on_frames(frames)
             else:
                 ears.on_carrier_frame(payload)
