@@ -16,6 +16,7 @@ generator's own lag. The classic peers have loop stamps only: both come out the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.lean_app import LeanSession
 from bench.lean_twilio import LeanTwilioCall
 from bench.measure import (
+    FRAME_BYTES,
     FRAME_S,
     BurstOutcome,
     audio_frames_between,
@@ -55,6 +57,10 @@ BURST_TAIL_S = 3.0
 def _b64_len(payload: str) -> int:
     """Decoded length of a base64 string, without decoding it (RFC 4648 §4)."""
     return len(payload) // 4 * 3 - payload[-2:].count("=") if payload else 0
+
+
+#: How many lost bursts :class:`CallerFigures` describes in full, per worker.
+LOST_BURSTS_KEPT = 20
 
 
 @dataclass
@@ -90,12 +96,15 @@ class CallerFigures:
     gateway_errors: dict[str, int] = field(default_factory=dict)
     caller_protocol_errors: int = 0
     app_protocol_errors: int = 0
+    #: The first bursts (up to :data:`LOST_BURSTS_KEPT` per worker) that lost frames, each
+    #: with what reached the caller: where to start looking when ``frames_lost`` is not 0.
+    lost_bursts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         """Everything, samples included (rounded to µs), for the trip from a worker process."""
         out = dataclasses.asdict(self)
         for key, value in out.items():
-            if isinstance(value, list):
+            if isinstance(value, list) and key != "lost_bursts":
                 out[key] = [round(v, 3) for v in value]
         return out
 
@@ -148,6 +157,7 @@ class CallerFigures:
             marks_sent=self.marks_sent,
             marks_echoed=self.marks_echoed,
             marks_duplicated=self.marks_duplicated,
+            lost_bursts=self.lost_bursts[:LOST_BURSTS_KEPT],
             output_done_missing=self.done_missing,
             gateway_errors=dict(self.gateway_errors),
             caller_protocol_errors=self.caller_protocol_errors,
@@ -246,6 +256,45 @@ def _marks_echoed(script: AppScript) -> tuple[dict[str, dict[str, Any]], int]:
             duplicated += 1
         marks[name] = msg
     return marks, duplicated
+
+
+def _lost_burst(
+    call: Caller,
+    script: AppScript,
+    index: int,
+    outcome: BurstOutcome,
+    media: Sequence[tuple[float, int]],
+    end: float,
+    *,
+    window_start: float,
+) -> dict[str, Any]:
+    """What reached the caller during one burst that lost frames (times in ms from its send):
+    the first and last arrival, every gap over two frames, and every message that was not one
+    whole frame."""
+    burst = script.bursts[index]
+    arrivals = [(t, n) for t, n in media if burst.sent_at <= t < end]
+    gaps = [
+        [round((a - burst.sent_at) * 1000, 1), round((b - a) * 1000, 1)]
+        for (a, _), (b, _) in itertools.pairwise(arrivals)
+        if b - a > 2 * FRAME_S
+    ]
+    odd = [[round((t - burst.sent_at) * 1000, 1), n] for t, n in arrivals if n != FRAME_BYTES]
+    previous = script.bursts[index - 1] if index > 0 else None
+    return {
+        "call": getattr(call, "stream_sid", None) or script.call_ref,
+        "carrier": "sip" if isinstance(call, SipCaller) else "twilio",
+        "burst": burst.index,
+        "kind": burst.kind,
+        "sent_at_s": round(burst.sent_at - window_start, 3),
+        "after_cleared": previous is not None and previous.clear_at is not None,
+        "expected": outcome.expected_frames,
+        "received": outcome.received_frames,
+        "messages": len(arrivals),
+        "first_ms": round((arrivals[0][0] - burst.sent_at) * 1000, 1) if arrivals else None,
+        "last_ms": round((arrivals[-1][0] - burst.sent_at) * 1000, 1) if arrivals else None,
+        "gaps_ms": gaps[:10],
+        "odd_messages": odd[:10],
+    }
 
 
 def _analyse_one(
@@ -351,6 +400,10 @@ def _analyse_one(
         outcomes.append(outcome)
         out.expected_by_kind[burst.kind] = out.expected_by_kind.get(burst.kind, 0) + expected
         out.lost_by_kind[burst.kind] = out.lost_by_kind.get(burst.kind, 0) + outcome.lost
+        if outcome.lost and len(out.lost_bursts) < LOST_BURSTS_KEPT:
+            out.lost_bursts.append(
+                _lost_burst(call, script, i, outcome, media, end, window_start=t0)
+            )
         if outcome.received_frames == 0:
             silent_bursts += 1
     out.bursts_silent += silent_bursts

@@ -461,6 +461,8 @@ def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path:
         f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
         flush=True,
     )
+    for lost in data.get("lost_bursts", [])[:5]:
+        print(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}", flush=True)
     print(
         "  gateway CPU user/system: "
         + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])

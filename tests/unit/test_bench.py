@@ -212,10 +212,10 @@ def _call_with(
     return call
 
 
-def test_analysis_of_one_call_over_the_window() -> None:
+def _one_call_over_the_window(arrivals: list[float]) -> CallerFigures:
+    """One call's figures over 9-20 s: burst b0 sent at 9.99 s (its frames arriving at
+    ``arrivals``), b1 at 13.70 s and cleared at 14.0 s."""
     media = {"event": "media", "media": {"payload": "A" * 214 + "=="}}  # 160 bytes
-    # Gateway audio arrives at the caller 10.0-12.0 s (a burst of 100 frames, lead first).
-    arrivals = [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
     caller_sent = [(5.0 + 0.02 * k, {"event": "media"}) for k in range(1000)]
     # Playout: audio from 10.0 s, cut 14.0 s + 5 ms by a clear (40 bytes of that tick played).
     heard = [(10.0 + 0.02 * k, 160) for k in range(200)] + [(14.0, 40), (14.02, 0)]
@@ -237,7 +237,14 @@ def test_analysis_of_one_call_over_the_window() -> None:
         Burst(0, "audio", 9.99, "b0", None, 2000),
         Burst(1, "audio", 13.70, "b1", None, 2000, clear_at=14.0),
     ]
-    figures = analyse_calls([(call, script)], (9.0, 20.0))
+    return analyse_calls([(call, script)], (9.0, 20.0))
+
+
+def test_analysis_of_one_call_over_the_window() -> None:
+    # Gateway audio arrives at the caller 10.0-12.0 s (a burst of 100 frames, lead first).
+    figures = _one_call_over_the_window(
+        [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
+    )
     assert figures.bursts_measured == 2
     assert figures.frames_expected == 100 and figures.frames_lost == 0
     assert figures.expected_by_kind == {"audio": 100} and figures.bursts_silent == 0
@@ -249,6 +256,23 @@ def test_analysis_of_one_call_over_the_window() -> None:
         v == pytest.approx(3.0) for v in figures.inbound_latency_ms
     )
     assert figures.inbound_unpaired_calls == 0
+    assert figures.lost_bursts == []
+
+
+def test_a_burst_that_lost_frames_is_described() -> None:
+    # Frames 50-52 of the burst never arrive: a 80 ms gap after the one at 11.0 s.
+    arrivals = [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98) if not 50 < k < 54]
+    figures = _one_call_over_the_window(arrivals)
+    assert figures.frames_lost == 3
+    (lost,) = figures.lost_bursts
+    assert lost["burst"] == 0 and lost["kind"] == "audio" and lost["carrier"] == "twilio"
+    assert (lost["expected"], lost["received"], lost["messages"]) == (100, 97, 97)
+    assert lost["sent_at_s"] == pytest.approx(0.99) and lost["after_cleared"] is False
+    assert lost["first_ms"] == pytest.approx(10.0) and lost["last_ms"] == pytest.approx(1950.0)
+    assert lost["gaps_ms"] == [[pytest.approx(1010.0), pytest.approx(80.0)]]
+    assert lost["odd_messages"] == []
+    # It travels from a worker as it is (its numbers are not rounded like the samples).
+    assert CallerFigures.from_wire(figures.to_wire()).lost_bursts == figures.lost_bursts
 
 
 def test_figures_travel_and_merge() -> None:
