@@ -10,7 +10,8 @@ every 20 ms tick (and again while it returns frames, so a late tick catches up);
 handed out once it is due (half a frame of tolerance absorbs tick jitter).
 
 *Delay.* Every packet's relative transit time ``arrival - ts / rate`` goes into a window of the
-last `window_packets` arrivals. The playout offset ``t0 - ts0 / rate`` minus the smallest transit
+last `window_packets` arrivals (`SlidingRange`: its smallest and largest are kept as packets come,
+so no read scans the window). The playout offset ``t0 - ts0 / rate`` minus the smallest transit
 is the delay the fastest packets see (`current_delay_ms`); the largest minus the smallest transit
 is the delay the stream needs so that its slowest packets are still on time. The target is
 ``max(spread, jitter_factor * J)``, clamped to ``[min_delay_ms, max_delay_ms]``, where J is the
@@ -45,7 +46,7 @@ from typing import Final, Literal
 
 from appbridge.carriers.sip.rtp import InterarrivalJitter, RtpPacket, seq_delta
 
-__all__ = ["JitterBuffer", "JitterFrame", "JitterStats"]
+__all__ = ["JitterBuffer", "JitterFrame", "JitterStats", "SlidingRange"]
 
 _EXT_BASE: Final = 1 << 20  # keeps extended sequence numbers positive after early reordering
 _MAX_FRAME_S: Final = 0.2  # a packet longer than this is not a telephony frame
@@ -88,6 +89,70 @@ class JitterFrame:
         self.duration_units = duration_units
         self.concealed = concealed
         self.marker = marker
+
+
+class SlidingRange:
+    """The smallest and the largest of the last `size` values pushed.
+
+    Two monotonic queues (values with the push count that brought each in): a new value
+    removes every queued value it makes irrelevant (no smaller one can be the minimum while it
+    is in the window, no larger one the maximum) and the oldest entry leaves once it falls out
+    of the window. Each value enters and leaves each queue once, so a push costs O(1)
+    amortised and a read O(1), where `min`/`max` over a deque of the window read all of it.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise ValueError("the window needs at least one value")
+        self._size = size
+        self._pushed = 0
+        self._lo: deque[float] = deque()
+        self._lo_at: deque[int] = deque()
+        self._hi: deque[float] = deque()
+        self._hi_at: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return min(self._pushed, self._size)
+
+    def clear(self) -> None:
+        self._pushed = 0
+        self._lo.clear()
+        self._lo_at.clear()
+        self._hi.clear()
+        self._hi_at.clear()
+
+    def push(self, value: float) -> None:
+        at = self._pushed
+        self._pushed = at + 1
+        gone = at - self._size  # the push that leaves the window now
+        lo, lo_at = self._lo, self._lo_at
+        while lo and lo[-1] >= value:
+            lo.pop()
+            lo_at.pop()
+        lo.append(value)
+        lo_at.append(at)
+        if lo_at[0] <= gone:
+            lo.popleft()
+            lo_at.popleft()
+        hi, hi_at = self._hi, self._hi_at
+        while hi and hi[-1] <= value:
+            hi.pop()
+            hi_at.pop()
+        hi.append(value)
+        hi_at.append(at)
+        if hi_at[0] <= gone:
+            hi.popleft()
+            hi_at.popleft()
+
+    @property
+    def smallest(self) -> float:
+        """The smallest value in the window; IndexError when nothing was pushed."""
+        return self._lo[0]
+
+    @property
+    def largest(self) -> float:
+        """The largest value in the window; IndexError when nothing was pushed."""
+        return self._hi[0]
 
 
 @dataclass(slots=True)
@@ -134,7 +199,7 @@ class JitterBuffer:
         self._repeat = concealment == "repeat"
         self._capacity = capacity_packets or math.ceil(2 * self._max_s / self._frame_s) + 4
         self._adapt_every = adapt_interval_frames
-        self._window: deque[float] = deque(maxlen=window_packets)
+        self._window = SlidingRange(window_packets)
         self._jitter = InterarrivalJitter(clock_rate_hz)
         self.stats = JitterStats()
         self._target_s = self._min_s
@@ -181,9 +246,9 @@ class JitterBuffer:
     @property
     def current_delay_ms(self) -> float:
         """Delay of the fastest recent packets: playout offset minus the smallest transit."""
-        if not self._playing or not self._window:
+        if not self._playing or not len(self._window):
             return 0.0
-        return (self._offset_s() - min(self._window)) * 1000
+        return (self._offset_s() - self._window.smallest) * 1000
 
     @property
     def jitter_ms(self) -> float:
@@ -255,7 +320,7 @@ class JitterBuffer:
             self._reset_stream()
             ext = _EXT_BASE + seq
         self._jitter.update(packet.timestamp, now)
-        self._window.append(now - self._ts_ext(packet.timestamp) / self._rate_hz)
+        self._window.push(now - self._ts_ext(packet.timestamp) / self._rate_hz)
         self._buf[ext] = (packet, now)
         if self._highest is None or ext > self._highest:
             self._highest = ext
@@ -296,7 +361,8 @@ class JitterBuffer:
     # -- adaptation ----------------------------------------------------------------------
 
     def _compute_target(self) -> float:
-        spread = max(self._window) - min(self._window) if self._window else 0.0
+        window = self._window
+        spread = window.largest - window.smallest if len(window) else 0.0
         want = max(spread, self._factor * self._jitter.jitter_s)
         return min(self._max_s, max(self._min_s, want))
 
@@ -406,7 +472,7 @@ class JitterBuffer:
         self._next_ts = packet.timestamp
         # Anchor so that the fastest recent packets wait the target delay; a first packet that
         # came slowly then plays at once instead of adding its lateness to the whole call.
-        ideal_t0 = min(self._window) + self._target_s
+        ideal_t0 = self._window.smallest + self._target_s
         ideal_t0 += self._ts_ext_peek(packet.timestamp) / self._rate_hz
         # A forced start (in-order delivery, `pop_ready`) keeps the target delay on the timeline
         # so that `pop` still waits that long before it conceals a gap.

@@ -8,8 +8,10 @@ import random
 from collections.abc import Callable, Iterable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
+from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame, SlidingRange
 from appbridge.carriers.sip.rtp import RtpPacket
 from appbridge.clock import VirtualClock
 
@@ -327,3 +329,33 @@ def test_pop_ready_hands_on_in_order_packets_on_arrival_and_leaves_gaps_to_pop()
         frame = jb.pop(now)
     assert frame.sequence == packets[4].sequence
     assert jb.pop_ready(now).sequence == packets[5].sequence  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------- the transit window
+@given(
+    size=st.integers(min_value=1, max_value=12),
+    values=st.lists(st.floats(min_value=-1e3, max_value=1e3), min_size=1, max_size=80),
+    clear_at=st.integers(min_value=0, max_value=80),
+)
+def test_sliding_range_is_the_min_and_max_of_the_last_values(
+    size: int, values: list[float], clear_at: int
+) -> None:
+    window = SlidingRange(size)
+    seen: list[float] = []
+    for k, value in enumerate(values):
+        if k == clear_at:
+            window.clear()
+            seen.clear()
+            assert len(window) == 0
+        window.push(value)
+        seen.append(value)
+        last = seen[-size:]
+        assert len(window) == len(last)
+        assert (window.smallest, window.largest) == (min(last), max(last))
+
+
+def test_sliding_range_refuses_an_empty_window_and_reading_nothing() -> None:
+    with pytest.raises(ValueError):
+        SlidingRange(0)
+    with pytest.raises(IndexError):
+        _ = SlidingRange(3).smallest
