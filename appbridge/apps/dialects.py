@@ -14,13 +14,13 @@ encoder turns them into the frames of the socket's protocol:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from appbridge.protocol import session_v1 as sv1
 from appbridge.protocol.twilio_streams import TwilioStreamWriter
 
-INBOUND_TRACK = 1
-OUTBOUND_TRACK = 2
+INBOUND_TRACK: Final = 1
+OUTBOUND_TRACK: Final = 2
 
 
 class FonosterEncoder:

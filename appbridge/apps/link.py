@@ -15,7 +15,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -28,9 +28,9 @@ from appbridge.protocol.signing import fonoster_headers
 
 log = logging.getLogger(__name__)
 
-AUDIO_DROP_ABOVE_BYTES = 256 * 1024
-DEAD_ABOVE_BYTES = 8 * 1024 * 1024
-WS_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+AUDIO_DROP_ABOVE_BYTES: Final = 256 * 1024
+DEAD_ABOVE_BYTES: Final = 8 * 1024 * 1024
+WS_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 
 
 class AppUnreachable(Exception):

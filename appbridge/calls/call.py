@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink, AppUnreachable, dial
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_FALLBACK_HOPS = 4
+MAX_FALLBACK_HOPS: Final = 4
 
 
 def session_format_for(app: AppConfig) -> AudioFormat:

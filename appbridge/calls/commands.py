@@ -17,7 +17,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from appbridge.calls.transfer import TransferFlow
 from appbridge.media.codecs import AudioFormat, Converter
@@ -48,10 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_AUDIO_FRAME_BYTES = 1024 * 1024
+MAX_AUDIO_FRAME_BYTES: Final = 1024 * 1024
 # Streamed text is synthesised a sentence at a time (better prosody than token by token); a run
 # of text without punctuation is cut at a word boundary past this many characters.
-SENTENCE_SOFT_LIMIT_CHARS = 160
+SENTENCE_SOFT_LIMIT_CHARS: Final = 160
 _SENTENCE_END = re.compile(r"[.!?;:](?:[\"')\]]*)\s")
 
 _E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")

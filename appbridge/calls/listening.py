@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from appbridge.media.codecs import AudioFormat
 from appbridge.media.reframe import FrameConverter
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EARS_RATE_HZ = 16000
+EARS_RATE_HZ: Final = 16000
 
 
 class Ears:

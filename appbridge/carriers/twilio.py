@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import quote, urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
@@ -56,11 +56,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEAD_FRAMES = 2
+LEAD_FRAMES: Final = 2
 # Audio frames waiting for the socket beyond this are dropped (a stalled Twilio socket must not
 # grow memory); control messages always queue.
-MAX_PENDING_AUDIO = 50
-STREAM_WAIT_S = 15.0
+MAX_PENDING_AUDIO: Final = 50
+STREAM_WAIT_S: Final = 15.0
 ASGISend = Any
 ASGIReceive = Any
 

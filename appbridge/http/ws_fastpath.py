@@ -38,7 +38,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 from urllib.parse import unquote
 
 from websockets.datastructures import Headers
@@ -57,16 +57,16 @@ _wire_log.setLevel(logging.WARNING)
 
 #: Droppable frames (audio) are skipped while this much is waiting in user space: about 50
 #: Twilio ``media`` messages, one second of audio, the bound the ASGI writer kept.
-DROP_ABOVE_BYTES = 16 * 1024
+DROP_ABOVE_BYTES: Final = 16 * 1024
 #: A peer that leaves this much unread is given up: its connection is aborted.
-GIVE_UP_ABOVE_BYTES = 1024 * 1024
+GIVE_UP_ABOVE_BYTES: Final = 1024 * 1024
 #: After our close frame, how long the peer has to answer before the TCP connection is aborted.
-CLOSE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S: Final = 5.0
 #: Largest message accepted, unless the route's server says otherwise (``ws_max_size``).
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
 
 #: An opening handshake longer than this is handed to websockets as it is, which refuses it.
-_MAX_REQUEST_BYTES = 16 * 1024
+_MAX_REQUEST_BYTES: Final = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from appbridge.env_knobs import positive_from_env
 
 log = logging.getLogger(__name__)
 
-FRAME_S = 0.020
-RESYNC_AFTER_FRAMES = 5
+FRAME_S: Final = 0.020
+RESYNC_AFTER_FRAMES: Final = 5
 
 # Bucket upper bounds in ms for the lateness histogram.
-LATENESS_BUCKETS_MS: tuple[float, ...] = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 100, 1e9)
+LATENESS_BUCKETS_MS: Final[tuple[float, ...]] = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 100, 1e9)
 
 
 class LatenessHistogram:
@@ -60,8 +61,8 @@ Tickable = Callable[[int], None]
 #: Subscribers ticked per loop callback. Between two slices the loop serves the sockets, so a
 #: caller packet or an app ``clear`` that arrives during a tick waits for one slice rather than
 #: for every call's tick (issue 7: inbound latency and clear-to-silence tails).
-DEFAULT_SLICE_SUBSCRIBERS = 32
-SLICE_ENV_VAR = "APPBRIDGE_TICK_SLICE"
+DEFAULT_SLICE_SUBSCRIBERS: Final = 32
+SLICE_ENV_VAR: Final = "APPBRIDGE_TICK_SLICE"
 
 
 def slice_from_env(environ: Mapping[str, str] | None = None) -> int | None:

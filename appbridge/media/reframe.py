@@ -9,9 +9,11 @@ re-cut from a small carry-over buffer.
 
 from __future__ import annotations
 
+from typing import Final
+
 from appbridge.media.codecs import AudioFormat, Converter
 
-_PAD_LIMIT_BYTES = 8  # the most a resampler's first output is short by (a few samples)
+_PAD_LIMIT_BYTES: Final = 8  # the most a resampler's first output is short by (a few samples)
 
 
 class FrameConverter:

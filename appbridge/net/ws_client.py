@@ -15,7 +15,7 @@ import logging
 import ssl
 import weakref
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Final, cast
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -28,7 +28,7 @@ from appbridge.net.ws_frames import FrameCutter, drop_bytes, masked_frame, relea
 log = logging.getLogger(__name__)
 
 #: A handshake response head longer than this goes to websockets as it is, which refuses it.
-_MAX_RESPONSE_HEAD_BYTES = 16 * 1024
+_MAX_RESPONSE_HEAD_BYTES: Final = 16 * 1024
 
 # Every connection still open, so a shutting-down gateway can close them all (bounded) before
 # its event loop goes away.

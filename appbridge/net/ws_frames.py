@@ -53,13 +53,13 @@ INCOMPLETE: Final = -1
 #: :func:`frame_extent`: a header the fast path never takes; websockets must see the rest.
 HAND_OVER: Final = -2
 
-_HEAD_16 = struct.Struct("!BBH").pack
-_HEAD_64 = struct.Struct("!BBQ").pack
+_HEAD_16: Final = struct.Struct("!BBH").pack
+_HEAD_64: Final = struct.Struct("!BBQ").pack
 
 # RFC 6455 §5.3: every frame a client sends is masked with a fresh key "derived from a strong
 # source of entropy". Keys come from the OS's CSPRNG (os.urandom), 4 KiB at a time: one getrandom
 # call per 1024 frames instead of one per frame, the same unpredictability.
-_KEY_POOL_BYTES = 4096
+_KEY_POOL_BYTES: Final = 4096
 
 
 class _MaskKeys:

@@ -32,7 +32,7 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from appbridge.carriers.base import CarrierEvents, TransferError
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
@@ -46,13 +46,14 @@ from appbridge.media.codecs import G722_16K, PCMU_8K, AudioFormat
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
-PCMA_8K = AudioFormat("pcma", 8000)
-PCM16_16K = AudioFormat("pcm16", 16_000)
+PCMA_8K: Final = AudioFormat("pcma", 8000)
+PCM16_16K: Final = AudioFormat("pcm16", 16_000)
 #: The codecs the leg can carry, in the order we prefer them when we offer (RFC 3264 §5.1; as
 #: answerer sdp.py follows the offer's order): G.722 first, for wideband audio to the app and its
 #: speech recognition. sdp.py drops G.722 when the `G722` wheel is missing (g722.AVAILABLE).
-LEG_CODECS: tuple[str, ...] = ("G722", "PCMU", "PCMA")
-RTP_QUARANTINE_S = 10.0  # a released port is not reused for this long (late packets of a call)
+LEG_CODECS: Final[tuple[str, ...]] = ("G722", "PCMU", "PCMA")
+#: A released port is not reused for this long (late packets of a call).
+RTP_QUARANTINE_S: Final = 10.0
 
 
 def audio_format_for(codec_name: str) -> AudioFormat:
