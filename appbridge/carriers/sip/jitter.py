@@ -50,6 +50,7 @@ __all__ = ["JitterBuffer", "JitterFrame", "JitterStats", "SlidingRange"]
 
 _EXT_BASE: Final = 1 << 20  # keeps extended sequence numbers positive after early reordering
 _MAX_FRAME_S: Final = 0.2  # a packet longer than this is not a telephony frame
+_COMPACT_AT: Final = 64  # SlidingRange drops its departed entries this many at a time
 _DISCONTINUITY_S: Final = 0.5  # a packet this far off the timeline restarts playback
 
 
@@ -99,6 +100,8 @@ class SlidingRange:
     is in the window, no larger one the maximum) and the oldest entry leaves once it falls out
     of the window. Each value enters and leaves each queue once, so a push costs O(1)
     amortised and a read O(1), where `min`/`max` over a deque of the window read all of it.
+    The queues are lists read from a head index (compacted every `_COMPACT_AT` departures):
+    compiled, a list index is a C array read where a deque index is a call.
     """
 
     def __init__(self, size: int) -> None:
@@ -106,10 +109,12 @@ class SlidingRange:
             raise ValueError("the window needs at least one value")
         self._size = size
         self._pushed = 0
-        self._lo: deque[float] = deque()
-        self._lo_at: deque[int] = deque()
-        self._hi: deque[float] = deque()
-        self._hi_at: deque[int] = deque()
+        self._lo: list[float] = []
+        self._lo_at: list[int] = []
+        self._lo_head = 0
+        self._hi: list[float] = []
+        self._hi_at: list[int] = []
+        self._hi_head = 0
 
     def __len__(self) -> int:
         return min(self._pushed, self._size)
@@ -118,41 +123,51 @@ class SlidingRange:
         self._pushed = 0
         self._lo.clear()
         self._lo_at.clear()
+        self._lo_head = 0
         self._hi.clear()
         self._hi_at.clear()
+        self._hi_head = 0
 
     def push(self, value: float) -> None:
         at = self._pushed
         self._pushed = at + 1
         gone = at - self._size  # the push that leaves the window now
-        lo, lo_at = self._lo, self._lo_at
-        while lo and lo[-1] >= value:
+        lo, lo_at, head = self._lo, self._lo_at, self._lo_head
+        while len(lo) > head and lo[-1] >= value:
             lo.pop()
             lo_at.pop()
         lo.append(value)
         lo_at.append(at)
-        if lo_at[0] <= gone:
-            lo.popleft()
-            lo_at.popleft()
-        hi, hi_at = self._hi, self._hi_at
-        while hi and hi[-1] <= value:
+        if lo_at[head] <= gone:
+            head += 1
+            if head >= _COMPACT_AT:
+                del lo[:head]
+                del lo_at[:head]
+                head = 0
+            self._lo_head = head
+        hi, hi_at, head = self._hi, self._hi_at, self._hi_head
+        while len(hi) > head and hi[-1] <= value:
             hi.pop()
             hi_at.pop()
         hi.append(value)
         hi_at.append(at)
-        if hi_at[0] <= gone:
-            hi.popleft()
-            hi_at.popleft()
+        if hi_at[head] <= gone:
+            head += 1
+            if head >= _COMPACT_AT:
+                del hi[:head]
+                del hi_at[:head]
+                head = 0
+            self._hi_head = head
 
     @property
     def smallest(self) -> float:
         """The smallest value in the window; IndexError when nothing was pushed."""
-        return self._lo[0]
+        return self._lo[self._lo_head]
 
     @property
     def largest(self) -> float:
         """The largest value in the window; IndexError when nothing was pushed."""
-        return self._hi[0]
+        return self._hi[self._hi_head]
 
 
 @dataclass(slots=True)

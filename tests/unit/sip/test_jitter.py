@@ -334,8 +334,8 @@ def test_pop_ready_hands_on_in_order_packets_on_arrival_and_leaves_gaps_to_pop()
 # ---------------------------------------------------------------------- the transit window
 @given(
     size=st.integers(min_value=1, max_value=12),
-    values=st.lists(st.floats(min_value=-1e3, max_value=1e3), min_size=1, max_size=80),
-    clear_at=st.integers(min_value=0, max_value=80),
+    values=st.lists(st.floats(min_value=-1e3, max_value=1e3), min_size=1, max_size=300),
+    clear_at=st.integers(min_value=0, max_value=300),
 )
 def test_sliding_range_is_the_min_and_max_of_the_last_values(
     size: int, values: list[float], clear_at: int
@@ -359,3 +359,14 @@ def test_sliding_range_refuses_an_empty_window_and_reading_nothing() -> None:
         SlidingRange(0)
     with pytest.raises(IndexError):
         _ = SlidingRange(3).smallest
+
+
+@pytest.mark.parametrize("step", [1.0, -1.0])
+def test_sliding_range_stays_right_over_a_long_monotonic_run(step: float) -> None:
+    """A rising (falling) run keeps every value in the min (max) queue, so entries depart one
+    per push and the queue is compacted many times over."""
+    window = SlidingRange(5)
+    for k in range(1000):
+        window.push(k * step)
+        last = [j * step for j in range(max(0, k - 4), k + 1)]
+        assert (window.smallest, window.largest) == (min(last), max(last))
