@@ -2,10 +2,11 @@
 
 These are the modules every audio frame passes through: RTP in and out, the jitter buffer, the
 Twilio stream's fast path, the conversions, the VAD and turn detector, the output queue, the
-media clock and the app link's writes. They are plain, type-checked Python; ``setup.py`` hands
-this list to mypyc, which turns each into an extension module (``<name>.cpython-*.so``) that
-Python imports in place of the ``.py`` beside it. The source stays the truth: without a C compiler,
-or with ``APPBRIDGE_COMPILE=0`` at install time, the same modules run interpreted.
+media clock, the clock they read and the app link's writes. They are plain, type-checked
+Python; ``setup.py`` hands this list to mypyc, which turns each into an extension module
+(``<name>.cpython-*.so``) that Python imports in place of the ``.py`` beside it. The source
+stays the truth: without a C compiler, or with ``APPBRIDGE_COMPILE=0`` at install time, the same
+modules run interpreted.
 
 A compiled module does not notice its source changing: after editing one of these files, rebuild
 (``make install`` / ``make install-test`` do it when a file listed here changes).
@@ -27,6 +28,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "appbridge.calls.call",
     "appbridge.calls.commands",
     "appbridge.calls.listening",
+    "appbridge.clock",
     "appbridge.carriers.sip.jitter",
     "appbridge.carriers.sip.leg",
     "appbridge.carriers.sip.rtp",

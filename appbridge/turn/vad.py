@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+import _webrtcvad
 import webrtcvad
 from mypy_extensions import mypyc_attr
 
@@ -80,7 +81,15 @@ class Vad:
     turns a noise floor into silence. ``min_dbfs`` is the energy gate (None turns it off).
     """
 
-    __slots__ = ("_frame_bytes", "_inner_rate_hz", "_min_rms", "_rate_hz", "_state", "_vad")
+    __slots__ = (
+        "_frame_bytes",
+        "_handle",
+        "_inner_rate_hz",
+        "_min_rms",
+        "_rate_hz",
+        "_state",
+        "_vad",
+    )
 
     def __init__(
         self,
@@ -102,6 +111,10 @@ class Vad:
         self._inner_rate_hz = SESSION_RATES_HZ[rate_hz]
         self._frame_bytes = rate_hz * frame_ms // 1000 * 2
         self._vad = webrtcvad.Vad(aggressiveness)
+        # webrtcvad's `Vad.is_speech` is a Python method around the C entry point
+        # `_webrtcvad.process(handle, rate, frame, samples)`: called per frame, the wrapper cost
+        # more than the call, so the frame goes straight to C (its length is checked above).
+        self._handle = self._vad._vad
         self._state: RatecvState | None = None
         self._min_rms = 0 if min_dbfs is None else int(_FULL_SCALE * 10.0 ** (min_dbfs / 20.0))
 
@@ -142,7 +155,7 @@ class Vad:
             want = len(pcm16_frame) * self._inner_rate_hz // self._rate_hz
             if len(frame) != want:
                 frame = (frame + bytes(want))[:want]
-        return bool(self._vad.is_speech(frame, self._inner_rate_hz))
+        return bool(_webrtcvad.process(self._handle, self._inner_rate_hz, frame, len(frame) // 2))
 
     def reset(self) -> None:
         """Forget the resampler history (the classifier's noise estimate adapts on its own)."""
