@@ -252,8 +252,18 @@ class SipLeg:
 
     def frames_wanted(self, playing: bool) -> int:
         """Always one: RTP goes out on every tick (silence when nothing plays). Opens the tick
-        that :meth:`end_tick` closes once the engine's tick is over."""
-        if not self._tick_open and not self.closed:
+        that :meth:`end_tick` closes once the engine's tick is over.
+
+        After a stall the media clock runs its catch-up ticks back to back, with no loop turn
+        between them, so a tick can begin before the previous one's end has run: that end runs
+        here first, and its frame leaves now instead of being overwritten by this tick's (one
+        lost frame per leg and catch-up tick). The end already scheduled closes this tick."""
+        if self._tick_open:
+            self.end_tick(self._clock.now())
+            if not self.closed:
+                self._tick_open = True
+            return 1
+        if not self.closed:
             self._tick_open = True
             defer = self._defer
             if defer is None:

@@ -204,6 +204,26 @@ def test_clear_sends_the_next_packet_at_once_and_keeps_the_rate() -> None:
     assert len(sent) == 9 and [p.sequence for p in sent][-1] == (65534 + 8) & 0xFFFF
 
 
+def test_back_to_back_ticks_send_every_frame() -> None:
+    """After a stall the media clock runs its catch-up ticks with no loop turn between them, so
+    the next tick begins before the last one's deferred end has run: each frame still leaves,
+    in order, and the one end still scheduled closes the last tick."""
+    leg, clock, sent, deferred, _ = make_leg()
+    frames = [bytes([0x20 + i]) * 160 for i in range(4)]
+    for frame in frames:
+        assert leg.frames_wanted(True) == 1
+        leg.send_frame(frame)
+        clock.advance(0.001)
+    assert [p.payload for p in sent] == frames[:3]  # each tick's begin ended the one before
+    assert len(deferred) == 1
+    deferred.pop()()
+    assert [p.payload for p in sent] == frames
+    assert [p.sequence for p in sent] == [(65534 + i) & 0xFFFF for i in range(4)]
+    assert [p.timestamp for p in sent] == [1000 + 160 * i for i in range(4)]
+    tick(leg, clock, deferred, None)  # and the next tick is an ordinary one again
+    assert len(sent) == 5 and sent[-1].payload == b"\xff" * 160
+
+
 def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
     """IPv6 sources carry flow info and scope id too; the latch compares host and port only."""
     from appbridge.carriers.sip.leg import RtpProtocol
