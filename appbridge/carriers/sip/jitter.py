@@ -92,16 +92,50 @@ class JitterFrame:
         self.marker = marker
 
 
+class _WindowMinimum:
+    """The smallest of the values pushed whose push count is above the last departed one: a
+    monotonic queue (values with the push count that brought each in), in lists read from a
+    head index and compacted every `_COMPACT_AT` departures (compiled, a list index is a C array
+    read where a deque index is a call)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self.pushes: list[int] = []
+        self.head = 0
+
+    def clear(self) -> None:
+        self.values.clear()
+        self.pushes.clear()
+        self.head = 0
+
+    def push(self, value: float, at: int, gone: int) -> None:
+        """Add push number `at`; push number `gone` (and every earlier one) has left."""
+        values, pushes, head = self.values, self.pushes, self.head
+        while len(values) > head and values[-1] >= value:
+            values.pop()
+            pushes.pop()
+        values.append(value)
+        pushes.append(at)
+        if pushes[head] <= gone:
+            head += 1
+            if head >= _COMPACT_AT:
+                del values[:head]
+                del pushes[:head]
+                head = 0
+            self.head = head
+
+    def front(self) -> float:
+        return self.values[self.head]
+
+
 class SlidingRange:
     """The smallest and the largest of the last `size` values pushed.
 
-    Two monotonic queues (values with the push count that brought each in): a new value
-    removes every queued value it makes irrelevant (no smaller one can be the minimum while it
-    is in the window, no larger one the maximum) and the oldest entry leaves once it falls out
-    of the window. Each value enters and leaves each queue once, so a push costs O(1)
-    amortised and a read O(1), where `min`/`max` over a deque of the window read all of it.
-    The queues are lists read from a head index (compacted every `_COMPACT_AT` departures):
-    compiled, a list index is a C array read where a deque index is a call.
+    Two monotonic queues (`_WindowMinimum`; the largest is the smallest of the negated values):
+    a new value removes every queued value it makes irrelevant (no larger one can be the minimum
+    while it is in the window) and the oldest entry leaves once it falls out of the window. Each
+    value enters and leaves each queue once, so a push costs O(1) amortised and a read O(1),
+    where `min`/`max` over a deque of the window read all of it.
     """
 
     def __init__(self, size: int) -> None:
@@ -109,12 +143,8 @@ class SlidingRange:
             raise ValueError("the window needs at least one value")
         self._size = size
         self._pushed = 0
-        self._lo: list[float] = []
-        self._lo_at: list[int] = []
-        self._lo_head = 0
-        self._hi: list[float] = []
-        self._hi_at: list[int] = []
-        self._hi_head = 0
+        self._lo = _WindowMinimum()
+        self._hi = _WindowMinimum()
 
     def __len__(self) -> int:
         return min(self._pushed, self._size)
@@ -122,52 +152,24 @@ class SlidingRange:
     def clear(self) -> None:
         self._pushed = 0
         self._lo.clear()
-        self._lo_at.clear()
-        self._lo_head = 0
         self._hi.clear()
-        self._hi_at.clear()
-        self._hi_head = 0
 
     def push(self, value: float) -> None:
         at = self._pushed
         self._pushed = at + 1
         gone = at - self._size  # the push that leaves the window now
-        lo, lo_at, head = self._lo, self._lo_at, self._lo_head
-        while len(lo) > head and lo[-1] >= value:
-            lo.pop()
-            lo_at.pop()
-        lo.append(value)
-        lo_at.append(at)
-        if lo_at[head] <= gone:
-            head += 1
-            if head >= _COMPACT_AT:
-                del lo[:head]
-                del lo_at[:head]
-                head = 0
-            self._lo_head = head
-        hi, hi_at, head = self._hi, self._hi_at, self._hi_head
-        while len(hi) > head and hi[-1] <= value:
-            hi.pop()
-            hi_at.pop()
-        hi.append(value)
-        hi_at.append(at)
-        if hi_at[head] <= gone:
-            head += 1
-            if head >= _COMPACT_AT:
-                del hi[:head]
-                del hi_at[:head]
-                head = 0
-            self._hi_head = head
+        self._lo.push(value, at, gone)
+        self._hi.push(-value, at, gone)
 
     @property
     def smallest(self) -> float:
         """The smallest value in the window; IndexError when nothing was pushed."""
-        return self._lo[self._lo_head]
+        return self._lo.front()
 
     @property
     def largest(self) -> float:
         """The largest value in the window; IndexError when nothing was pushed."""
-        return self._hi[self._hi_head]
+        return -self._hi.front()
 
 
 @dataclass(slots=True)
