@@ -88,7 +88,6 @@ class Vad:
         "_min_rms",
         "_rate_hz",
         "_state",
-        "_vad",
     )
 
     def __init__(
@@ -110,11 +109,11 @@ class Vad:
         self._rate_hz = rate_hz
         self._inner_rate_hz = SESSION_RATES_HZ[rate_hz]
         self._frame_bytes = rate_hz * frame_ms // 1000 * 2
-        self._vad = webrtcvad.Vad(aggressiveness)
         # webrtcvad's `Vad.is_speech` is a Python method around the C entry point
         # `_webrtcvad.process(handle, rate, frame, samples)`: called per frame, the wrapper cost
         # more than the call, so the frame goes straight to C (its length is checked above).
-        self._handle = self._vad._vad
+        # Only the handle is kept: the capsule owns the classifier's memory and frees it itself.
+        self._handle = webrtcvad.Vad(aggressiveness)._vad
         self._state: RatecvState | None = None
         self._min_rms = 0 if min_dbfs is None else int(_FULL_SCALE * 10.0 ** (min_dbfs / 20.0))
 
