@@ -438,9 +438,12 @@ class RtpProtocol(asyncio.DatagramProtocol):
         self.leg: SipLeg | None = None
         self.transport: asyncio.DatagramTransport | None = None
         self.received_early = 0
+        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)  # uvloop's is no subclass
+        if self.closed:  # closed before the loop handed over the port (open_rtp cancelled)
+            transport.close()
 
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         leg = self.leg
@@ -461,6 +464,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
         # once the port closes, let go of the leg, so that no reference cycle outlives the call
         # (issue 7, media/gc_pacer.py).
         self.leg = None
+        self.closed = True
         if self.transport is not None:
             self.transport.close()
 
@@ -488,7 +492,11 @@ async def open_rtp(
             pool.release(port, clock.now())
             continue
         except asyncio.CancelledError:
-            pool.release(port, clock.now())  # the caller gave up (a cancelled transfer)
+            # The caller gave up (a call ended while ringing, a cancelled transfer). uvloop
+            # has bound the socket by now and does not close it when its wait is cancelled;
+            # it still hands the transport to the protocol, which closes it at once.
+            proto.close()
+            pool.release(port, clock.now())
             raise
         proto.transport = transport
         return port, proto

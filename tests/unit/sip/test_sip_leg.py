@@ -289,3 +289,44 @@ async def test_a_leg_without_an_injected_defer_ends_its_tick_after_the_engine() 
     assert sent == []  # held until the engine's tick is over
     await asyncio.sleep(0)
     assert [p.payload for p in sent] == [b"\x01" * 160]
+
+
+
+def _udp_port_bound(port: int) -> bool:
+    """Whether any UDP socket on this host is bound to ``port`` (Linux's /proc/net/udp)."""
+    suffix = f":{port:04X}"
+    with open("/proc/net/udp") as table:
+        return any(line.split()[1].endswith(suffix) for line in table.readlines()[1:])
+
+
+async def test_open_rtp_cancelled_after_the_bind_closes_the_socket() -> None:
+    """A call that ends while its RTP port is being opened cancels ``open_rtp``. uvloop binds
+    the socket before its last wait and does not close it when that wait is cancelled (it
+    leaked a port and a ResourceWarning): the protocol closes it when the loop hands it over."""
+    import asyncio
+    import socket
+
+    from appbridge.carriers.sip.leg import open_rtp
+
+    clock = VirtualClock()
+    for cancel_when_bound in (False, True):
+        port = 1
+        while port % 2:  # the pool hands out even ports only
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        pool = RtpPortPool(port, port, quarantine_s=0.0)
+        task = asyncio.ensure_future(open_rtp("127.0.0.1", pool, clock, attempts=1))
+        if cancel_when_bound:
+            for _ in range(10_000):
+                if task.done() or _udp_port_bound(port):
+                    break
+                await asyncio.sleep(0)
+            assert not task.done() and _udp_port_bound(port)  # inside uvloop's last wait
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(5):
+            await asyncio.sleep(0)  # the loop hands the transport over; it closes at once
+        assert not _udp_port_bound(port)
+        assert pool.acquire(clock.now()) == port  # and the port is back in the pool
