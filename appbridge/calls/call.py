@@ -424,6 +424,12 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         leg, queue = self.leg, self.queue
         if leg is None or queue is None:
             return
+        commands = self.commands
+        heard = commands.heard
+        if heard.holding:
+            commands.on_tick(tick)  # events held for a carrier's lead, heard by now
+        else:
+            heard.tick = tick
         transfer = self.transfer
         if transfer is not None:
             transfer.on_tick(self.gw.clock.now())
@@ -453,6 +459,9 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         the app's queue also reports its output events. True when a frame went to listeners."""
         sent = False
         app_output = queue is self.queue
+        # On a leg with a lead, remember whose each frame is: a ``clear`` then knows what of
+        # each item the far end never played (``media/pacing.py``, ``HeardLine``).
+        heard = self.commands.heard if app_output and leg.lead_frames else None
         for _ in range(leg.frames_wanted(not queue.is_empty)):
             frame, events = queue.pull_frame()
             if events and app_output:
@@ -462,9 +471,16 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self.frames_out += 1
             if conv is None:
                 leg.send_frame(frame)
+                if heard is not None:
+                    heard.sent(None if frame is queue.silence_frame else queue.head_item_id)
             else:
+                owner = None
+                if heard is not None and frame is not queue.silence_frame:
+                    owner = queue.head_item_id
                 for converted in conv.convert(frame):
                     leg.send_frame(converted)
+                    if heard is not None:
+                        heard.sent(owner)
             if outbound:
                 self._send_outbound(frame)
                 sent = True

@@ -2,9 +2,11 @@
 
 One ``CommandHandler`` per call. It owns the output side: the utterances being synthesised, the
 files being fetched, the marks, and the translation of output-queue events into ``output.*`` and
-``mark`` events. Nothing here waits: TTS and fetches run as tasks of the call and write into the
-output queue when their audio arrives, so the order of the queue is the order the commands came
-in (INTERFACES §6: ``preempt`` plays first, items behind stay queued).
+``mark`` events, each sent once the caller heard what it reports (``media/pacing.py``,
+``HeardLine``: a carrier's lead delays them, ``clear`` settles them). Nothing here waits: TTS
+and fetches run as tasks of the call and write into the output queue when their audio arrives,
+so the order of the queue is the order the commands came in (INTERFACES §6: ``preempt`` plays
+first, items behind stay queued).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from appbridge.media.output_queue import (
     QueueFull,
     WordTiming,
 )
+from appbridge.media.pacing import HeardLine
 from appbridge.protocol import session_v1 as sv1
 from appbridge.protocol.twilio_streams import (
     TwilioBadMessage,
@@ -83,6 +86,7 @@ class CommandHandler:
         self._cleared_streams: set[str] = set()  # ids whose remaining pieces must be dropped
         self._marks: dict[str, tuple[str, str | None]] = {}
         self._mark_seq = 0
+        self.heard = HeardLine()
         self._internal_items: set[str] = set()
         self._raw_full_reported = False
         self._hold_audio_reported = False
@@ -102,6 +106,7 @@ class CommandHandler:
     def on_queue_ready(self, queue: OutputQueue, out_format: AudioFormat) -> None:
         self.queue = queue
         self.out_format = out_format
+        self.heard.frame_ms = queue.frame_ms
         self._raw_conv = Converter(self.call.session_format, out_format)
 
     def on_session_format(self, session_format: AudioFormat) -> None:
@@ -120,6 +125,7 @@ class CommandHandler:
         self._marks.clear()
 
     def shutdown(self) -> None:
+        self.heard.drop()
         for utt in self._utterances.values():
             if utt.wake is not None:
                 utt.wake.set()
@@ -381,17 +387,23 @@ class CommandHandler:
         queue = self.queue
         if queue is None:
             return
-        events = queue.clear()
         leg = self.call.active_leg()
+        heard = self.heard
+        # The audio the far end has not played yet goes with the queue: not heard.
+        unheard = heard.unheard_by_item(leg.unplayed_frames()) if leg is not None else {}
+        events = queue.clear(unheard)
         if leg is not None:
             leg.clear_output()
+        settled = heard.settle_on_clear(unheard)
+        if settled:
+            events = settled + events
         for item_id, utt in list(self._utterances.items()):
             if not utt.last_seen:
                 self._cleared_streams.add(item_id)
             del self._utterances[item_id]
             if utt.wake is not None:
                 utt.wake.set()
-        self.emit(events)
+        self._send(events)
 
     def _dtmf_send(self, cmd: sv1.DtmfSend) -> None:
         """Keypresses on the call: out of band where the carrier can, else in-band tones that
@@ -493,10 +505,25 @@ class CommandHandler:
             )
 
     # -- output events -----------------------------------------------------------------------------
-    def on_output_events(self, events: Sequence[OutputEvent]) -> None:
+    def on_output_events(self, events: list[OutputEvent]) -> None:
         self.emit(events)
 
-    def emit(self, events: Sequence[OutputEvent]) -> None:
+    def on_tick(self, tick: int) -> None:
+        """Events held for the carrier's lead go once the caller heard what they report."""
+        ready = self.heard.advance(tick)
+        if ready:
+            self._send(ready)
+
+    def emit(self, events: list[OutputEvent]) -> None:
+        """Queue events, sent once what they report was heard (module doc)."""
+        if not events:
+            return
+        leg = self.call.active_leg()
+        ready = self.heard.hold(events, leg.unplayed_frames() if leg is not None else 0)
+        if ready:
+            self._send(ready)
+
+    def _send(self, events: Sequence[OutputEvent]) -> None:
         call = self.call
         for ev in events:
             if isinstance(ev, MarkReached):

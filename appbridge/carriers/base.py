@@ -42,6 +42,15 @@ class CarrierLeg(Protocol):
         """Drop audio already handed over but not yet played (Twilio ``clear``)."""
         ...
 
+    #: Frames the leg keeps ahead of the far end's playout (Twilio: 2); 0 when each frame is
+    #: sent on its own tick (SIP).
+    lead_frames: int
+
+    def unplayed_frames(self) -> int:
+        """Frames handed over that the far end has not played yet (an estimate: one per tick).
+        Output events about them wait (``media/pacing.py``, ``HeardLine``)."""
+        ...
+
     def send_dtmf(self, digits: str) -> bool:
         """Signal keypresses out of band (RFC 4733 on SIP). False: the carrier cannot, and the
         engine plays in-band tones through the output queue instead (Twilio streams)."""

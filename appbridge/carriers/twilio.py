@@ -142,6 +142,8 @@ class TwilioLeg:
     audio_format: AudioFormat = PCMU_8K
     #: Cold transfers stay with Twilio: the call's TwiML becomes ``<Dial>`` (:meth:`transfer`).
     native_cold_transfer = True
+    #: Twilio plays what it receives in order: the leg keeps this lead over its playout.
+    lead_frames = LEAD_FRAMES
 
     def __init__(
         self,
@@ -183,6 +185,9 @@ class TwilioLeg:
     # -- output --------------------------------------------------------------------------------
     def frames_wanted(self, playing: bool) -> int:
         return self.pacer.frames_wanted(playing)
+
+    def unplayed_frames(self) -> int:
+        return self.pacer.buffered
 
     def send_frame(self, frame: bytes) -> None:
         self.pacer.on_sent()

@@ -28,8 +28,8 @@ cursor; consumed chunks are dropped in amortised O(1) batches (looping items kee
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "OutputStarted",
     "QueueFull",
     "WordTiming",
+    "heard_text",
 ]
 
 #: Consumed chunks are dropped once at least this many have piled up and they are at least half
@@ -70,10 +71,13 @@ class OutputStarted:
 
 @dataclass(frozen=True, slots=True)
 class OutputDone:
-    """`output.done`: every frame of the item was heard."""
+    """`output.done`: every frame of the item was heard. ``words`` are the item's timings, kept
+    so that a `clear` landing before the far end played the item's tail can still report what
+    was heard of it (``media/pacing.py``, ``HeardLine``)."""
 
     item_id: str
     heard_ms: int
+    words: Sequence[WordTiming] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,15 @@ class MarkReached:
 
 
 OutputEvent: TypeAlias = OutputStarted | OutputDone | OutputInterrupted | MarkReached
+
+
+def heard_text(words: Sequence[WordTiming], heard_ms: int) -> str:
+    """`heardText`: the words spoken completely within the first ``heard_ms`` of an item."""
+    if heard_ms <= 0:
+        return ""
+    return " ".join(
+        text for word in words if word.end_ms <= heard_ms and (text := word.text.strip())
+    )
 
 
 class _Audio:
@@ -405,16 +418,19 @@ class OutputQueue:
 
     # -- clear ------------------------------------------------------------------------------
 
-    def clear(self) -> list[OutputEvent]:
+    def clear(self, unheard: Mapping[str, int] | None = None) -> list[OutputEvent]:
         """Empties the queue (seed 004, `clear`), reporting every item and mark in queue order.
 
         The head item reports what was heard of it; items that never started report 0 ms and
-        "" ; marks report `cleared=True`; raw audio is dropped silently.
+        "" ; marks report `cleared=True`; raw audio is dropped silently. ``unheard`` counts, by
+        item id, frames already pulled that the far end will now never play (a carrier's
+        lead, dropped with the queue): they do not count as heard.
         """
         events: list[OutputEvent] = []
         for entry in self._entries:
             if isinstance(entry, _Item):
-                events.append(self._interrupted(entry))
+                lost = unheard.get(entry.item_id, 0) if unheard else 0
+                events.append(self._interrupted(entry, lost))
             elif isinstance(entry, _Mark):
                 events.append(MarkReached(entry.name, cleared=True))
             else:
@@ -464,7 +480,9 @@ class OutputQueue:
                 if not head.loop:
                     entries.popleft()
                     del self._items[head.item_id]
-                    events.append(OutputDone(head.item_id, self._duration_ms(head)))
+                    events.append(
+                        OutputDone(head.item_id, self._duration_ms(head), head.words)
+                    )
                     continue
                 audio.rewind()
                 self._queued_bytes += audio.total_bytes
@@ -507,18 +525,11 @@ class OutputQueue:
     def _duration_ms(self, item: _Item) -> int:
         return item.audio.total_bytes * self._frame_ms // self._frame_bytes
 
-    def _interrupted(self, item: _Item) -> OutputInterrupted:
-        heard_ms = item.frames_pulled * self._frame_ms
+    def _interrupted(self, item: _Item, unheard_frames: int = 0) -> OutputInterrupted:
+        heard_ms = max(0, item.frames_pulled - unheard_frames) * self._frame_ms
         if not item.loop:
             heard_ms = min(heard_ms, self._duration_ms(item))
-        heard_text = ""
-        if heard_ms > 0:
-            heard_text = " ".join(
-                text
-                for word in item.words
-                if word.end_ms <= heard_ms and (text := word.text.strip())
-            )
-        return OutputInterrupted(item.item_id, heard_ms, heard_text)
+        return OutputInterrupted(item.item_id, heard_ms, heard_text(item.words, heard_ms))
 
     def _fire_head_marks(self, events: list[OutputEvent]) -> None:
         entries = self._entries

@@ -8,6 +8,7 @@ itself, so the 30 s answer timeout of seed 004 is checked without waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -54,6 +55,11 @@ class FakeLeg:
 
     def frames_wanted(self, playing: bool) -> int:
         return 1
+
+    lead_frames = 0
+
+    def unplayed_frames(self) -> int:
+        return 0
 
     def clear_output(self) -> None:
         pass
@@ -143,6 +149,13 @@ async def settle() -> None:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
+    async with open_rig(FakeLeg()) as r:
+        yield r
+
+
+@contextlib.asynccontextmanager
+async def open_rig(leg: FakeLeg) -> AsyncIterator[Rig]:
+    """A call on a gateway that is not started, its carrier ``leg``, a fake app link."""
     clock = VirtualClock()
     config = parse_config(
         {
@@ -176,7 +189,6 @@ async def rig() -> AsyncIterator[Rig]:
     )
     gw.registry.add(call)
     call.link = FakeLink()  # type: ignore[assignment]
-    leg = FakeLeg()
     call.attach_carrier(leg)
     try:
         yield Rig(gw, clock, call, leg)

@@ -154,6 +154,8 @@ class SipLeg:
     carrier = "sip"
     #: The gateway stays in the media path for cold transfers (B2BUA with ``dial_party``).
     native_cold_transfer = False
+    #: Each packet leaves on its own tick: nothing is handed over ahead of its time.
+    lead_frames = 0
 
     def __init__(
         self,
@@ -273,6 +275,9 @@ class SipLeg:
 
     def send_frame(self, frame: bytes) -> None:
         self._pending = frame
+
+    def unplayed_frames(self) -> int:
+        return 0
 
     def clear_output(self) -> None:
         """``clear`` (and hold, a bridge): the caller's next packet, silence, leaves now rather
