@@ -196,15 +196,50 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * PAGE_BYTES
 
 
+def c_heap() -> tuple[int, int, int] | None:
+    """The C allocator's view (glibc ``mallinfo2``, all arenas): bytes it took from the system
+    (heap arenas plus its own mmaps), bytes in use by the program, bytes free inside its arenas.
+    None where the C library has no ``mallinfo2`` (not glibc, or glibc before 2.33). Python's
+    small objects live in pymalloc's own mappings, outside these figures."""
+    import ctypes
+
+    class _Mallinfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return info.arena + info.hblkhd, info.uordblks + info.hblkhd, info.fordblks
+
+
 class MemoryDiffLog:
     """Where the memory of a long-running gateway goes: a diagnostic for issue 7's soak.
 
     Off by default. Two strengths, each a period in seconds in the environment:
 
-    * ``APPBRIDGE_HEAP_LOG_S``: cheap; every period one line with the RSS, the blocks the
-      Python allocator holds (``sys.getallocatedblocks``), the objects the collector tracks and
-      ``gc.get_count()``. RSS that climbs while blocks and objects stay flat is the C allocator
-      (arenas, fragmentation), not Python objects.
+    * ``APPBRIDGE_HEAP_LOG_S``: cheap; every period one line with the RSS, the C allocator's
+      figures (:func:`c_heap`), the blocks the Python allocator holds
+      (``sys.getallocatedblocks``), the objects the collector tracks and ``gc.get_count()``.
+      RSS that climbs while blocks and objects stay flat is the C side: the C heap in use
+      climbing is memory held by C code (a leak below Python), its free part climbing is
+      fragmentation.
     * ``APPBRIDGE_TRACEMALLOC_S``: heavy; :mod:`tracemalloc` (one frame per allocation; a
       snapshot stalls the loop for seconds: use it with few calls) and, every period, the
       source lines whose live allocations grew most since the first snapshot, and the tracked
@@ -259,10 +294,19 @@ class MemoryDiffLog:
             ((len(gc.get_referents(o)), type(o).__qualname__) for o in tracked), reverse=True
         )[:5]
         references = sum(len(gc.get_referents(o)) for o in tracked)
+        heap = c_heap()
+        c_side = "C heap unknown"
+        if heap is not None:
+            system, used, free = (n / 2**20 for n in heap)
+            c_side = (
+                f"C heap {system:.1f} MB from the system, {used:.1f} MB in use, "
+                f"{free:.1f} MB free in its arenas"
+            )
         log.warning(
-            "heap: rss %.1f MB, %d allocated blocks, %d tracked objects holding %d references "
-            "(widest %s), gc counts %s",
+            "heap: rss %.1f MB, %s, %d allocated blocks, %d tracked objects holding %d "
+            "references (widest %s), gc counts %s",
             rss_bytes() / 2**20,
+            c_side,
             sys.getallocatedblocks(),
             len(tracked),
             references,

@@ -15,6 +15,7 @@ from appbridge.net.loop_watch import (
     TRACEMALLOC_ENV_VAR,
     LoopStallWatch,
     MemoryDiffLog,
+    c_heap,
     rss_bytes,
     threshold_from_env,
 )
@@ -46,6 +47,26 @@ def test_memory_log_modes_from_the_environment() -> None:
 
 def test_rss_is_read_from_proc() -> None:
     assert rss_bytes() > 1 << 20
+
+
+def test_the_c_heap_sees_a_c_allocation() -> None:
+    import ctypes
+
+    before = c_heap()
+    if before is None:
+        pytest.skip("this C library has no mallinfo2 (glibc 2.33+ has)")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(8 << 20)  # above the mmap threshold: counted the moment it is made
+    try:
+        during = c_heap()
+        assert during is not None
+        assert during[1] - before[1] >= 8 << 20
+        assert during[0] >= during[1]
+    finally:
+        libc.free(block)
 
 
 async def test_watch_starts_and_stops_cleanly(caplog: pytest.LogCaptureFixture) -> None:
