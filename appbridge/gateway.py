@@ -46,6 +46,10 @@ class Metrics:
     carrier_bad_messages: int = 0
     app_bad_messages: int = 0
     calls_ended: dict[str, int] = field(default_factory=dict)
+    # Audio frames dropped because the peer read too slowly (a sender never waits), by calls
+    # already over; ``/metrics`` adds the live calls' own counts.
+    audio_dropped_to_app: int = 0
+    audio_dropped_to_carrier: int = 0
 
 
 RETIRED_PROVIDER_GRACE_S = 600.0

@@ -493,11 +493,13 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
 
     # -- call control ---------------------------------------------------------------------------
     def start_hold(self, music: OutputQueue) -> None:
+        """The caller hears ``music`` in place of the app's queue, which pauses where it is.
+        What the leg already holds of the app's audio (Twilio's 40 ms lead) plays out rather
+        than being dropped: it was taken from the queue, so dropping it would lose it for good,
+        and its ``mark``/``output.*`` events would report audio never heard."""
         self.hold_queue = music
         if self.ears is not None:
             self.ears.pause()
-        if self.leg is not None:
-            self.leg.clear_output()
 
     def stop_hold(self) -> None:
         self.hold_queue = None
@@ -637,6 +639,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         end = sv1.SessionEnd(reason=reason, id=command_id)
         link = self.link
         if link is not None:
+            self.gw.metrics.audio_dropped_to_app += link.audio_dropped_frames
             if self.session_ref is not None:
                 data = self.encoder.event(end, sv1.encode_event(end))
                 if data is not None:
@@ -674,6 +677,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             if task is not current:
                 task.cancel()
         if app_gone and self.link is not None:
+            self.gw.metrics.audio_dropped_to_app += self.link.audio_dropped_frames
             self.link.close(1000, reason)
             self.link = None
         self._close_session(reason, command_id)
@@ -718,6 +722,8 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         reference counting frees it with everything it held as soon as its last task is done,
         instead of leaving it for a full collection (issue 7, media/gc_pacer.py). The record
         of the call lives on in the registry as a description."""
+        if self.leg is not None:
+            self.gw.metrics.audio_dropped_to_carrier += self.leg.audio_dropped
         self.leg = self._party = None
         self.ears = None
         self.link = None

@@ -42,6 +42,10 @@ class CarrierLeg(Protocol):
         """Drop audio already handed over but not yet played (Twilio ``clear``)."""
         ...
 
+    #: Output frames dropped because the far end read too slowly (a Twilio stream's socket
+    #: backlog); 0 where sends cannot back up (RTP over UDP).
+    audio_dropped: int
+
     #: Frames the leg keeps ahead of the far end's playout (Twilio: 2); 0 when each frame is
     #: sent on its own tick (SIP).
     lead_frames: int

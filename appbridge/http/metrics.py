@@ -62,6 +62,18 @@ def render_metrics(gw: Gateway) -> str:
         "Malformed carrier messages.",
         [("", m.carrier_bad_messages)],
     )
+    to_app, to_carrier = m.audio_dropped_to_app, m.audio_dropped_to_carrier
+    for call in gw.registry:
+        if call.link is not None:
+            to_app += call.link.audio_dropped_frames
+        if call.leg is not None:
+            to_carrier += call.leg.audio_dropped
+    metric(
+        "appbridge_audio_frames_dropped_total",
+        "counter",
+        "Audio frames dropped because the receiving peer read too slowly (never waited on).",
+        [('{to="app"}', to_app), ('{to="carrier"}', to_carrier)],
+    )
     clock = gw.media_clock
     hist = clock.lateness
     snap = hist.snapshot()

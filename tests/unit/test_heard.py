@@ -184,3 +184,21 @@ async def test_a_leg_without_a_lead_reports_events_on_the_tick(rig: Rig) -> None
         sip.call.on_app_binary(frame(0x50) * 2)
         await sip.command({"type": "mark", "name": "m"})
         assert await ticks_until(sip, "mark") == 3  # the pull after the last frame
+
+
+async def test_hold_lets_the_lead_play_out_and_the_queue_waits(rig: Rig) -> None:
+    """``hold`` pauses the app's queue; the audio the leg already took from it is heard (not
+    dropped at Twilio, which would lose it for good), and a mark behind the rest waits for
+    ``resume``."""
+    leg = far(rig)
+    rig.call.on_app_binary(frame(0x23) * 4)
+    await rig.command({"type": "mark", "name": "after"})
+    await rig.ticks(1)  # three frames handed over (the lead), one still queued
+    await rig.command({"type": "hold", "id": "h"})
+    await rig.ticks(10)
+    assert leg.heard(0x23) == 3
+    assert rig.link.of_type("mark") == []
+    await rig.command({"type": "resume", "id": "r"})
+    await ticks_until(rig, "mark")
+    assert leg.heard(0x23) == 4
+    assert rig.link.of_type("mark") == [{"type": "mark", "name": "after", "cleared": False}]

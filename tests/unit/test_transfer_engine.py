@@ -57,6 +57,7 @@ class FakeLeg:
         return 1
 
     lead_frames = 0
+    audio_dropped = 0
 
     def unplayed_frames(self) -> int:
         return 0
@@ -103,6 +104,7 @@ class FakeLink(AppLink):
         self.messages: list[dict[str, Any]] = []
         self.audio: list[bytes] = []
         self.closed = False
+        self.audio_dropped_frames = 0
 
     def send_control(self, data: bytes) -> None:
         self.messages.append(json.loads(data))
@@ -361,3 +363,22 @@ async def test_native_cold_and_refer(rig: Rig) -> None:
     }
     assert rig.leg.closed and not rig.leg.hung_up
     assert sv1  # the protocol module is what the rig speaks
+
+
+async def test_frames_dropped_for_slow_peers_are_counted_past_the_call(rig: Rig) -> None:
+    """``/metrics`` counts audio dropped because a peer read too slowly: the live calls' own
+    counts, and those of ended calls once their links and legs are gone."""
+    from appbridge.http.metrics import render_metrics
+    from bench.report import parse_metric
+
+    def dropped(to: str) -> float:
+        text = render_metrics(rig.gw)
+        return parse_metric(text, "appbridge_audio_frames_dropped_total", {"to": to})
+
+    assert dropped("app") == 0 and dropped("carrier") == 0
+    rig.link.audio_dropped_frames = 3
+    rig.leg.audio_dropped = 2
+    assert dropped("app") == 3 and dropped("carrier") == 2
+    await rig.call.end("app_hangup")
+    assert rig.call.link is None and rig.call.leg is None
+    assert dropped("app") == 3 and dropped("carrier") == 2

@@ -156,6 +156,8 @@ class SipLeg:
     native_cold_transfer = False
     #: Each packet leaves on its own tick: nothing is handed over ahead of its time.
     lead_frames = 0
+    #: A UDP send never backs up: nothing is dropped for a slow peer.
+    audio_dropped = 0
 
     def __init__(
         self,
