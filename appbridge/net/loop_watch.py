@@ -132,11 +132,21 @@ class LoopStallWatch:
         except (OSError, ValueError):
             return 0, 0
 
+    def _cpu(self) -> int | None:
+        """The CPU the loop thread last ran on (``/proc/.../stat``, field 39)."""
+        try:
+            with open(f"/proc/self/task/{self._main_tid}/stat", encoding="ascii") as f:
+                # The command name (field 2) may hold spaces: count from its closing paren.
+                return int(f.read().rsplit(")", 1)[1].split()[36])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _watch(self) -> None:
         stall_beat_s: float | None = None  # the last beat before the current stall
         stacks: dict[str, int] = {}
         sched_at_beat = self._schedstat_ns()
         sched_at_stall = sched_at_beat
+        steal_at_beat = steal_at_stall = steal_ms()
         last_beat_s = self._beat_s
         while not self._stop.wait(self.period_s / 2):
             beat_s = self._beat_s
@@ -145,9 +155,11 @@ class LoopStallWatch:
                 if beat_s != last_beat_s:  # the loop is alive: the counters' new origin
                     last_beat_s = beat_s
                     sched_at_beat = self._schedstat_ns()
+                    steal_at_beat = steal_ms()
                 if lag_s > self.threshold_s:
                     stall_beat_s = beat_s
                     sched_at_stall = sched_at_beat
+                    steal_at_stall = steal_at_beat
                     stacks = {self._stack(): 1}
                 continue
             if beat_s == stall_beat_s:  # still stalled
@@ -157,14 +169,20 @@ class LoopStallWatch:
                 continue
             length_s = beat_s - stall_beat_s - self.period_s
             on_cpu_ns, waiting_ns = self._schedstat_ns()
+            cpu = self._cpu()
+            steal_now = steal_ms()
+            stolen = "unknown"
+            if cpu is not None and cpu < min(len(steal_now), len(steal_at_stall)):
+                stolen = f"{steal_now[cpu] - steal_at_stall[cpu]:.0f} ms on CPU {cpu}"
             self.stalls += 1
             self.worst_s = max(self.worst_s, length_s)
             log.warning(
                 "loop stall of %.0f ms (loop thread on a CPU %.0f ms, waiting for one %.0f ms; "
-                "%d stack(s) sampled):\n%s",
+                "taken by the hypervisor (steal) %s; %d stack(s) sampled):\n%s",
                 length_s * 1000.0,
                 (on_cpu_ns - sched_at_stall[0]) / 1e6,
                 (waiting_ns - sched_at_stall[1]) / 1e6,
+                stolen,
                 sum(stacks.values()),
                 "\n".join(f"-- seen {n}x:\n{s}" for s, n in stacks.items()),
             )
@@ -172,6 +190,26 @@ class LoopStallWatch:
             stacks = {}
             last_beat_s = beat_s
             sched_at_beat = self._schedstat_ns()
+
+
+_TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def steal_ms() -> list[float]:
+    """Per CPU, the time the hypervisor ran something else while this machine's CPU was ready
+    to run (``/proc/stat``, ``steal``; 10 ms resolution). A virtual machine sees such time as
+    its own thread running: only this counter tells it apart. Empty where there is no
+    ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    return [
+        int(fields[8]) * _TICK_MS
+        for fields in (line.split() for line in lines)
+        if fields and fields[0].startswith("cpu") and fields[0] != "cpu" and len(fields) > 8
+    ]
 
 
 TRACEMALLOC_ENV_VAR = "APPBRIDGE_TRACEMALLOC_S"
