@@ -59,6 +59,7 @@ from bench.speed import probe_core
 
 ACCOUNT_SID = "AC" + "be" * 16
 LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
+DROPPED_METRIC = "appbridge_audio_frames_dropped_total"
 #: The issue's bar: a load generator busier than this (per core) distorts what it measures.
 GENERATOR_CPU_LIMIT_PCT = 70.0
 #: Other processes using more than this share of the gateway's core make the step noisy.
@@ -346,8 +347,10 @@ async def _measure(
     rss_added = max(0, rss_end - rss_idle)
     summaries = figures.summaries()
 
-    def counter(name: str) -> float:
-        return parse_metric(metrics_after, name) - parse_metric(metrics_before, name)
+    def counter(name: str, labels: dict[str, str] | None = None) -> float:
+        return parse_metric(metrics_after, name, labels) - parse_metric(
+            metrics_before, name, labels
+        )
 
     data: dict[str, Any] = {
         "offered": calls,
@@ -387,6 +390,11 @@ async def _measure(
             "cumulative": dict(zip(map(str, lateness.bounds), lateness.cumulative, strict=True)),
         },
         "tick_resyncs": counter("appbridge_media_tick_resyncs_total"),
+        # Frames the gateway itself dropped because a generator's socket backed up: lost
+        # frames that are the generator's slowness, not the gateway's fault.
+        "gateway_dropped_frames": {
+            to: counter(DROPPED_METRIC, {"to": to}) for to in ("app", "carrier")
+        },
         "calls_rejected": counter("appbridge_calls_rejected_total"),
         "app_unreachable": counter("appbridge_app_unreachable_total"),
         "generator_cpu_pct": round(sum(gen_pct), 1),
@@ -461,6 +469,13 @@ def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path:
         f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
         flush=True,
     )
+    dropped = data.get("gateway_dropped_frames") or {}
+    if any(dropped.values()):
+        print(
+            f"  frames the gateway dropped because a peer read too slowly: to apps "
+            f"{dropped.get('app', 0):.0f}, to carriers {dropped.get('carrier', 0):.0f}",
+            flush=True,
+        )
     for lost in data.get("lost_bursts", [])[:5]:
         print(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}", flush=True)
     print(
