@@ -469,14 +469,14 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             if frame is None:
                 break
             self.frames_out += 1
+            owner: str | None = None
+            if heard is not None and frame is not queue.silence_frame:
+                owner = queue.head_item_id
             if conv is None:
                 leg.send_frame(frame)
                 if heard is not None:
-                    heard.sent(None if frame is queue.silence_frame else queue.head_item_id)
+                    heard.sent(owner)
             else:
-                owner = None
-                if heard is not None and frame is not queue.silence_frame:
-                    owner = queue.head_item_id
                 for converted in conv.convert(frame):
                     leg.send_frame(converted)
                     if heard is not None:
@@ -639,16 +639,23 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         end = sv1.SessionEnd(reason=reason, id=command_id)
         link = self.link
         if link is not None:
-            self.gw.metrics.audio_dropped_to_app += link.audio_dropped_frames
             if self.session_ref is not None:
                 data = self.encoder.event(end, sv1.encode_event(end))
                 if data is not None:
                     link.send_control(data)
-            link.close(1000, reason)
-            self.link = None
+            self._close_link(reason)
         if self.listeners is not None:
             self.listeners.close(end if self.session_ref is not None else None)
             self.listeners = None
+
+    def _close_link(self, reason: str) -> None:
+        """Close the app link, counting the audio it dropped for a slow app (``/metrics``)."""
+        link = self.link
+        if link is None:
+            return
+        self.gw.metrics.audio_dropped_to_app += link.audio_dropped_frames
+        link.close(1000, reason)
+        self.link = None
 
     # -- the one way out ------------------------------------------------------------------------
     async def end(
@@ -676,10 +683,8 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        if app_gone and self.link is not None:
-            self.gw.metrics.audio_dropped_to_app += self.link.audio_dropped_frames
-            self.link.close(1000, reason)
-            self.link = None
+        if app_gone:
+            self._close_link(reason)  # no session.end to an app that is gone
         self._close_session(reason, command_id)
         transfer = self.transfer
         if transfer is not None and self.bridge is None:
