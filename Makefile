@@ -42,6 +42,7 @@ run: install
 
 lint: install-test
 	$(BIN)/ruff check appbridge tests bench examples
+	$(BIN)/ruff format --check appbridge tests bench examples
 	$(BIN)/mypy
 
 test: install-test lint

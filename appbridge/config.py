@@ -300,6 +300,7 @@ def default_config(port: int = 8080, *, sip_port: int | None = 5060) -> Config:
     """The embedded default (INTERFACES §3): loopback only, the demo app answers every number,
     SIP on udp and tcp 127.0.0.1:``sip_port`` (``None``: no SIP listener, for tests)."""
     from appbridge.config_sections import DEFAULT_RTP_PORTS
+
     demo = AppConfig(
         ref="demo",
         url=f"ws://127.0.0.1:{port}/demo/session",

@@ -543,6 +543,7 @@ class TwilioOutbound:
 
 # -- per gateway, and the two entry points of the routes ----------------------------------------
 
+
 def outbound_for(gw: Gateway) -> TwilioOutbound:
     """The gateway's :class:`TwilioOutbound` (``Gateway.twilio_outbound``), made on first use."""
     found = gw.twilio_outbound

@@ -480,9 +480,7 @@ class OutputQueue:
                 if not head.loop:
                     entries.popleft()
                     del self._items[head.item_id]
-                    events.append(
-                        OutputDone(head.item_id, self._duration_ms(head), head.words)
-                    )
+                    events.append(OutputDone(head.item_id, self._duration_ms(head), head.words))
                     continue
                 audio.rewind()
                 self._queued_bytes += audio.total_bytes

@@ -1110,8 +1110,10 @@ def test_speech_stt_choice() -> None:
     assert parse_config({**base, "apps": [app]}, {}).apps["a"].speech.stt == "auto"
     quiet = {**app, "speech": {"stt": "none"}}
     assert parse_config({**base, "apps": [quiet]}, {}).apps["a"].speech.stt == "none"
-    for bad, message in (("whisper", "apps[0].speech.stt: expected one of"),
-                         ("deepgram", "apps[0].speech.stt: \"deepgram\" needs")):
+    for bad, message in (
+        ("whisper", "apps[0].speech.stt: expected one of"),
+        ("deepgram", 'apps[0].speech.stt: "deepgram" needs'),
+    ):
         with pytest.raises(ConfigError) as err:
             parse_config({**base, "apps": [{**app, "speech": {"stt": bad}}]}, {})
         assert any(p.startswith(message) for p in err.value.problems), err.value.problems

@@ -291,7 +291,6 @@ async def test_a_leg_without_an_injected_defer_ends_its_tick_after_the_engine() 
     assert [p.payload for p in sent] == [b"\x01" * 160]
 
 
-
 def _udp_port_bound(port: int) -> bool:
     """Whether any UDP socket on this host is bound to ``port`` (Linux's /proc/net/udp)."""
     suffix = f":{port:04X}"
