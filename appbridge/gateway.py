@@ -124,9 +124,10 @@ class Gateway:
         # Opt-in diagnostic (APPBRIDGE_STALL_TRACE_MS): log what holds the loop too long.
         self.stall_watch: LoopStallWatch | None = None
         self.memory_log: MemoryDiffLog | None = None
-        # Full garbage collections every 10 s between ticks, each over what is newer than the
-        # last one, not one big one a minute (media/gc_pacer.py); APPBRIDGE_GC_PERIOD_S=0
-        # leaves CPython's schedule. A deep pass prefers a moment with no call live.
+        # Full garbage collections every 10 s between ticks (sooner when many objects were made),
+        # each over what is newer than the last one, not one big one a minute
+        # (media/gc_pacer.py); APPBRIDGE_GC_PERIOD_S=0 leaves CPython's schedule. A deep pass
+        # prefers a moment with no call live.
         gc_period_s = period_from_env()
         self.gc_pacer = (
             GcPacerShell(GcPacer(gc_period_s), idle=lambda: len(self.registry) == 0)

@@ -52,6 +52,8 @@ from bench.report import (
     bound_cell,
     format_table,
     histogram_delta,
+    paced_collections,
+    paced_collections_line,
     parse_histogram,
     parse_metric,
 )
@@ -397,6 +399,7 @@ async def _measure(
         },
         "calls_rejected": counter("appbridge_calls_rejected_total"),
         "app_unreachable": counter("appbridge_app_unreachable_total"),
+        "gc": paced_collections(metrics_before, metrics_after),
         "generator_cpu_pct": round(sum(gen_pct), 1),
         "cores": cores,
         "generator_shares_gateway_core": shared,
@@ -476,6 +479,8 @@ def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path:
             f"{dropped.get('app', 0):.0f}, to carriers {dropped.get('carrier', 0):.0f}",
             flush=True,
         )
+    if "gc" in data:
+        print(f"  {paced_collections_line(data['gc'])}", flush=True)
     for lost in data.get("lost_bursts", [])[:5]:
         print(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}", flush=True)
     print(

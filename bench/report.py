@@ -18,6 +18,7 @@ __all__ = [
     "Summary",
     "format_table",
     "histogram_delta",
+    "paced_collections",
     "parse_cpu_times",
     "parse_histogram",
     "parse_metric",
@@ -209,6 +210,32 @@ def parse_metric(exposition: str, name: str, labels: Mapping[str, str] | None = 
         if sample_name == name and all(sample_labels.get(k) == v for k, v in want.items()):
             total += value
     return total
+
+
+def paced_collections(before: str, after: str) -> dict[str, float]:
+    """The gateway's paced full collections (appbridge/media/gc_pacer.py) between two /metrics
+    expositions: passes, those brought forward by the objects made (``early``), deep ones, the
+    seconds they took, and the longest pass since the gateway started."""
+
+    def counter(name: str) -> float:
+        return parse_metric(after, name) - parse_metric(before, name)
+
+    return {
+        "passes": counter("appbridge_gc_full_passes_total"),
+        "early_passes": counter("appbridge_gc_early_passes_total"),
+        "deep_passes": counter("appbridge_gc_deep_passes_total"),
+        "seconds": round(counter("appbridge_gc_full_pass_seconds_total"), 4),
+        "max_seconds": parse_metric(after, "appbridge_gc_full_pass_max_seconds"),
+    }
+
+
+def paced_collections_line(gc_figures: dict[str, float]) -> str:
+    """:func:`paced_collections` in words, for the lines under a table."""
+    return (
+        f"paced collections: {gc_figures['passes']:g} passes ({gc_figures['early_passes']:g} "
+        f"early, {gc_figures['deep_passes']:g} deep), {gc_figures['seconds'] * 1e3:.1f} ms in "
+        f"all; the longest since the gateway started {gc_figures['max_seconds'] * 1e3:.1f} ms"
+    )
 
 
 def parse_histogram(exposition: str, name: str) -> Histogram:

@@ -60,6 +60,8 @@ from bench.report import (
     bound_cell,
     format_table,
     histogram_delta,
+    paced_collections,
+    paced_collections_line,
     parse_histogram,
     parse_metric,
 )
@@ -445,12 +447,7 @@ def _summarise(
             "cumulative": dict(zip(map(str, lateness.bounds), lateness.cumulative, strict=True)),
         },
         "tick_resyncs": counter("appbridge_media_tick_resyncs_total"),
-        "gc": {  # the paced collections over the soak (appbridge/media/gc_pacer.py)
-            "passes": counter("appbridge_gc_full_passes_total"),
-            "deep_passes": counter("appbridge_gc_deep_passes_total"),
-            "seconds": round(counter("appbridge_gc_full_pass_seconds_total"), 4),
-            "max_seconds": parse_metric(metrics[1], "appbridge_gc_full_pass_max_seconds"),
-        },
+        "gc": paced_collections(metrics[0], metrics[1]),
         "calls_started": counter("appbridge_calls_started_total"),
         "calls_rejected": counter("appbridge_calls_rejected_total"),
         "app_unreachable": counter("appbridge_app_unreachable_total"),
@@ -518,11 +515,5 @@ def _summarise(
         f"noise {noise} %, load avg {min(loads):.1f}-{max(loads):.1f}",
         flush=True,
     )
-    gc_figures = result["gc"]
-    print(
-        f"paced collections: {gc_figures['passes']:g} passes ({gc_figures['deep_passes']:g} deep), "
-        f"{gc_figures['seconds'] * 1e3:.1f} ms in all; the longest since the gateway started "
-        f"{gc_figures['max_seconds'] * 1e3:.1f} ms",
-        flush=True,
-    )
+    print(paced_collections_line(result["gc"]), flush=True)
     return result

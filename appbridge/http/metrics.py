@@ -117,6 +117,12 @@ def render_metrics(gw: Gateway) -> str:
             [("", passes.passes)],
         )
         metric(
+            "appbridge_gc_early_passes_total",
+            "counter",
+            "Those of them run before their period was up: enough new objects to walk.",
+            [("", passes.early_passes)],
+        )
+        metric(
             "appbridge_gc_deep_passes_total",
             "counter",
             "Those of them that also walked the frozen objects (gc.unfreeze first).",

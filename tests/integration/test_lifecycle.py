@@ -197,6 +197,8 @@ async def test_health_readiness_metrics_and_json_errors(env: Env) -> None:
         metrics = (await client.get("/metrics")).text
         assert "appbridge_calls_live 0" in metrics
         assert "appbridge_media_tick_lateness_ms_bucket" in metrics
+        for name in ("full", "early", "deep"):  # the paced collections (media/gc_pacer.py)
+            assert f"\nappbridge_gc_{name}_passes_total " in metrics
         r = await client.get("/nope")
         assert r.status_code == 404 and r.json()["error"] == "not_found"
         r = await client.put("/healthz")

@@ -28,6 +28,8 @@ from bench.report import (
     CpuTimes,
     format_table,
     histogram_delta,
+    paced_collections,
+    paced_collections_line,
     parse_cpu_times,
     parse_histogram,
     parse_metric,
@@ -116,6 +118,30 @@ def test_counters_sum_over_labels_or_pick_one() -> None:
     assert parse_metric(text, "appbridge_calls_ended_total") == 7
     assert parse_metric(text, "appbridge_calls_ended_total", {"reason": "app_hangup"}) == 3
     assert parse_metric(text, "appbridge_nothing_total") == 0
+
+
+def test_paced_collections_over_a_window() -> None:
+    def exposition(passes: int, early: int, seconds: float, longest: float) -> str:
+        return (
+            f"appbridge_gc_full_passes_total {passes}\n"
+            f"appbridge_gc_early_passes_total {early}\n"
+            "appbridge_gc_deep_passes_total 1\n"
+            f"appbridge_gc_full_pass_seconds_total {seconds}\n"
+            f"appbridge_gc_full_pass_max_seconds {longest}\n"
+        )
+
+    figures = paced_collections(exposition(4, 1, 0.02, 0.011), exposition(9, 3, 0.035, 0.012))
+    assert figures == {
+        "passes": 5,
+        "early_passes": 2,
+        "deep_passes": 0,
+        "seconds": 0.015,
+        "max_seconds": 0.012,
+    }
+    assert paced_collections_line(figures) == (
+        "paced collections: 5 passes (2 early, 0 deep), 15.0 ms in all; "
+        "the longest since the gateway started 12.0 ms"
+    )
 
 
 def test_lateness_quantiles_are_bucket_bounds_of_the_window() -> None:

@@ -14,7 +14,9 @@ from appbridge.media.gc_pacer import (
     DEFAULT_PERIOD_S,
     ENV_VAR,
     FULL_PASS_OFF,
+    GROWTH_PASSES,
     IDLE_SLACK,
+    MIN_GAP_S,
     GcPacer,
     GcPacerShell,
     period_from_env,
@@ -39,6 +41,24 @@ def test_passes_are_due_a_period_apart_and_never_bunch_up() -> None:
     pacer.ran(107.0, 0.002, 3)
     assert (pacer.passes, pacer.collected) == (2, 15)
     assert pacer.total_s == pytest.approx(0.006) and pacer.max_s == pytest.approx(0.004)
+
+
+def test_enough_new_objects_bring_a_pass_forward_but_never_closer_than_the_gap() -> None:
+    pacer = GcPacer(period_s=10.0)
+    assert (pacer.growth_passes, pacer.min_gap_s) == (GROWTH_PASSES, MIN_GAP_S) == (2, 1.0)
+    assert not pacer.due(100.0, grown=5)  # starts the schedule, whatever has grown
+    assert not pacer.due(100.5, grown=5)  # within the gap after the schedule's start
+    assert not pacer.due(103.0, grown=1)  # under the budget: the period rules
+    assert pacer.due(103.0, grown=2)
+    pacer.ran(103.0, 0.005, 0)
+    assert (pacer.passes, pacer.early_passes, pacer.next_due_s) == (1, 1, 113.0)
+    assert not pacer.due(103.9, grown=9)  # the gap after the last pass
+    assert pacer.due(104.0, grown=9)
+    pacer.ran(104.0, 0.004, 0)
+    assert not pacer.due(113.9, grown=0)
+    assert pacer.due(114.0, grown=0)  # the period, with nothing grown
+    pacer.ran(114.0, 0.001, 0)
+    assert (pacer.passes, pacer.early_passes) == (3, 2)
 
 
 def test_a_deep_pass_when_idle_and_grown_or_when_the_heap_has_doubled() -> None:
@@ -124,6 +144,27 @@ async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> 
     finally:
         shell.stop()
     assert gc.get_threshold() == before
+
+
+async def test_shell_runs_an_early_pass_when_young_collections_pile_up() -> None:
+    clock = VirtualClock()
+    grown = [0]
+    shell = GcPacerShell(GcPacer(period_s=10.0), clock=clock.now, grown=lambda: grown[0])
+    shell.start(asyncio.get_running_loop())
+    try:
+        shell.on_tick(1)  # schedule starts
+        clock.advance(2.0)
+        grown[0] = GROWTH_PASSES - 1
+        shell.on_tick(2)
+        await asyncio.sleep(0)
+        assert shell.pacer.passes == 0
+        grown[0] = GROWTH_PASSES
+        shell.on_tick(3)
+        await asyncio.sleep(0)
+        assert (shell.pacer.passes, shell.pacer.early_passes) == (1, 1)
+        assert gc.get_count()[2] == 0  # the pass itself started the count again
+    finally:
+        shell.stop()
 
 
 async def test_with_the_media_clock_the_pass_waits_for_the_ticks_last_slice() -> None:
