@@ -119,13 +119,24 @@ class Backchannel:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Estimate:
-    """``turn.estimate``: ``kind`` is ``"speech"`` or ``"pause"``."""
+    """``turn.estimate``: ``kind`` is ``"speech"`` or ``"pause"``.
+
+    Five a second per call, so ``__init__`` is written out and the class is not frozen: the
+    one ``dataclasses`` would generate runs interpreted even compiled (appbridge/compiled.py),
+    and a frozen one sets each field through ``object.__setattr__``. Nothing changes one after
+    it is made.
+    """
 
     eot: float
     speaking: bool
     kind: str
+
+    def __init__(self, eot: float, speaking: bool, kind: str) -> None:
+        self.eot = eot
+        self.speaking = speaking
+        self.kind = kind
 
 
 TurnEvent: TypeAlias = UserStarted | LikelyEnded | Resumed | Ended | Backchannel | Estimate

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
@@ -68,6 +67,8 @@ _TS_MOD: Final = 1 << 32
 _MAX_DROPOUT: Final = 3000  # RFC 3550 appendix A.1
 _MAX_MISORDER: Final = 100  # RFC 3550 appendix A.1
 _DUP_WINDOW: Final = 128  # extended sequence numbers remembered to tell duplicates from late
+_DUP_MASK: Final = _DUP_WINDOW - 1
+_NEVER: Final = -(1 << 60)  # below any extended sequence number (they start above -_MAX_MISORDER)
 
 
 class RtpError(ValueError):
@@ -415,11 +416,19 @@ class RtpArrival:
 Address = tuple[str, int]
 
 
-@dataclass(slots=True)
 class _SeqState:
-    max_ext: int = -1
-    recent: deque[int] = field(default_factory=lambda: deque(maxlen=_DUP_WINDOW))
-    recent_set: set[int] = field(default_factory=set)
+    """The highest extended sequence number so far, and the accepted ones near it: ``seen``
+    holds, at ``ext & _DUP_MASK``, the last accepted number with those low bits. Every number
+    accepted within :data:`_DUP_WINDOW` of the highest is still there (a newer one with the same
+    low bits would be a window or more above it), so a packet within that reach is a duplicate
+    exactly when its slot holds its own number: a list index and a compare per packet, where a
+    deque and a set cost several calls through the interpreter (issue 7)."""
+
+    __slots__ = ("max_ext", "seen")
+
+    def __init__(self) -> None:
+        self.max_ext = -1
+        self.seen: list[int] = [_NEVER] * _DUP_WINDOW
 
 
 class RtpReceiver:
@@ -528,11 +537,10 @@ class RtpReceiver:
                     # A jump this large is a restarted stream, not loss: rebase the counters.
                     stats.base_ext_seq = seq
                     stats.received = 0
-                    state.recent.clear()
-                    state.recent_set.clear()
+                    state.seen = [_NEVER] * _DUP_WINDOW
                     ext = seq
                 state.max_ext = ext
-            elif ext in state.recent_set:
+            elif state.seen[ext & _DUP_MASK] == ext:
                 stats.duplicates += 1
                 return None
             elif -delta > _MAX_MISORDER:
@@ -541,10 +549,7 @@ class RtpReceiver:
                 return None
             else:
                 stats.reordered += 1
-        if len(state.recent) == state.recent.maxlen:
-            state.recent_set.discard(state.recent[0])
-        state.recent.append(ext)
-        state.recent_set.add(ext)
+        state.seen[ext & _DUP_MASK] = ext
         stats.received += 1
         stats.max_ext_seq = state.max_ext
         if ext < stats.base_ext_seq:

@@ -257,6 +257,23 @@ def test_receiver_stats_loss_duplicates_reordering_across_wrap() -> None:
     assert st.received == 7 and st.expected == 8 and st.lost == 1
 
 
+def test_receiver_duplicates_are_told_from_late_packets_across_the_window() -> None:
+    r = RtpReceiver(payload_types={0})
+    assert r.receive(pkt(1), PEER, 0.0) is not None
+    late = r.receive(pkt(65535), PEER, 0.0)  # before the first packet: extended to -1
+    assert late is not None and late.ext_sequence == -1
+    assert r.receive(pkt(65535), PEER, 0.0) is None  # its copy
+    for seq in range(2, 400):
+        assert r.receive(pkt(seq), PEER, 0.0) is not None
+    assert r.stats.duplicates == 1 and r.stats.reordered == 1
+    assert r.receive(pkt(399 - 99), PEER, 0.0) is None  # a copy, 99 behind
+    assert r.receive(pkt(399 - 127), PEER, 0.0) is None  # a copy, stale too
+    assert r.stats.duplicates == 3 and r.stats.reordered == 1
+    assert r.receive(pkt(399 - 200), PEER, 0.0) is None  # beyond the window: stale
+    assert r.stats.duplicates == 3 and r.stats.reordered == 2
+    assert r.stats.received == 400 and r.stats.lost == 1  # 0 never came
+
+
 def test_receiver_ssrc_change_restarts_statistics() -> None:
     r = RtpReceiver(payload_types={0})
     for s in range(10, 20):
