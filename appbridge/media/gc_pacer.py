@@ -93,7 +93,8 @@ class GcPacer:
     growth_passes: int = GROWTH_PASSES
     min_gap_s: float = MIN_GAP_S
     next_due_s: float | None = None
-    last_pass_s: float | None = None
+    #: When the last pass ended, or the schedule started (the gap counts from it).
+    last_pass_s: float = 0.0
     passes: int = 0
     #: Those of :attr:`passes` the growth budget brought forward (module doc).
     early_passes: int = 0
@@ -109,17 +110,11 @@ class GcPacer:
         (``gc.get_count()[2]``); the first call only starts the schedule."""
         if self.next_due_s is None:
             self.next_due_s = now + self.period_s
+            self.last_pass_s = now
             return False
         if now >= self.next_due_s:
             return True
-        return grown >= self.growth_passes and now >= self._earliest()
-
-    def _earliest(self) -> float:
-        start = self.last_pass_s
-        if start is None:
-            assert self.next_due_s is not None
-            start = self.next_due_s - self.period_s
-        return start + self.min_gap_s
+        return grown >= self.growth_passes and now >= self.last_pass_s + self.min_gap_s
 
     def deep_due(self, heap: int, idle: bool) -> bool:
         """Whether the pass about to run must also walk the frozen objects (module doc)."""
