@@ -19,6 +19,7 @@ __all__ = [
     "format_table",
     "histogram_delta",
     "paced_collections",
+    "paced_collections_line",
     "parse_cpu_times",
     "parse_histogram",
     "parse_metric",
