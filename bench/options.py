@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         "end, kept up SECONDS while the gateway's RSS, fds, threads and tasks are sampled",
     )
     parser.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --soak: the first SECONDS are left out of the flatness verdicts (60; the "
+        "allocator's pools, the caches and the registry's history of ended calls fill while "
+        "the calls churn, e.g. --soak 1200 --warmup 600 judges the last 10 minutes)",
+    )
+    parser.add_argument(
         "--lifetime",
         type=_lifetime,
         default=(60.0, 120.0),

@@ -10,8 +10,9 @@ file descriptors (entries of ``/proc/<pid>/fd``) and, from ``/metrics``, ``appbr
 and ``appbridge_asyncio_tasks``. Per metric it reports the least-squares slope per minute, the
 first and last values, and a verdict (:func:`assess`):
 
-* **memory** is flat when, after ``WARMUP_S`` (allocator pools, caches, first calls), the fitted
-  growth over 10 minutes is below 1 % of the fitted value at the end of warm-up;
+* **memory** is flat when, after the warm-up (``--warmup``, :data:`WARMUP_S` by default:
+  allocator pools, caches, first calls), the fitted growth over 10 minutes is below 1 % of the
+  fitted value at the end of warm-up;
 * **counts** (fds, threads, tasks, calls live) are flat when the median of the last third of the
   samples after warm-up is back within the first third's range (its maximum plus a slack of
   max(2, 5 %)) *and* the fitted growth over 10 minutes is within that slack: the calls churn, so
@@ -231,7 +232,7 @@ async def run_soak(args: argparse.Namespace) -> int:
         "machine": _machine(),
         "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
         "rules": {
-            "warmup_s": WARMUP_S,
+            "warmup_s": args.warmup,
             "sample_period_s": SAMPLE_PERIOD_S,
             "memory": f"flat when the fitted growth over {HORIZON_S:g} s after warm-up is below "
             f"{MEMORY_TOLERANCE_FRAC:.0%} of the value at warm-up end",
@@ -383,7 +384,12 @@ def _summarise(
 ) -> dict[str, Any]:
     window_s = window[1] - window[0]
     trends = [
-        assess(name, kind, [(float(s["t_s"]), float(s[name])) for s in samples])
+        assess(
+            name,
+            kind,
+            [(float(s["t_s"]), float(s[name])) for s in samples],
+            warmup_s=args.warmup,
+        )
         for name, kind in METRICS.items()
     ]
     gw_pct = 100.0 * (gw_cpu[1] - gw_cpu[0]) / window_s
@@ -495,6 +501,11 @@ def _summarise(
             ),
             rows,
         )
+    )
+    print(
+        f"slopes and verdicts over the samples after the first {args.warmup:g} s (--warmup); "
+        "start, end and range over all of them",
+        flush=True,
     )
     tick = "/".join(
         bound_cell(v)

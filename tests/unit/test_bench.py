@@ -392,6 +392,21 @@ def test_the_last_third_slope_shows_a_rise_that_levelled_off() -> None:
     assert steady.last_third_slope_per_min == pytest.approx(1.0)
 
 
+def test_a_longer_warm_up_judges_only_what_follows_it() -> None:
+    from bench.load import build_parser
+    from bench.soak import WARMUP_S, assess
+
+    assert build_parser().parse_args(["--soak", "600"]).warmup == WARMUP_S
+    assert build_parser().parse_args(["--soak", "1200", "--warmup", "600"]).warmup == 600.0
+    # An allocator that grows for ten minutes and then holds: growing by the default warm-up,
+    # flat over the ten minutes after a ten-minute one.
+    series = [(float(t), 70.0 + 0.2 * min(t, 600) / 60.0) for t in range(0, 1210, 10)]
+    assert assess("rss_mb", "memory", series).flat is False
+    after = assess("rss_mb", "memory", series, warmup_s=600.0)
+    assert after.flat is True and after.slope_per_min == pytest.approx(0.0, abs=1e-9)
+    assert (after.start, after.end) == (70.0, 72.0)
+
+
 def test_counts_are_flat_when_they_stay_in_their_range_despite_churn() -> None:
     from bench.soak import assess
 
