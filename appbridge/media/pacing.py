@@ -135,8 +135,7 @@ class HeardLine:
                 out.append(OutputInterrupted(ev.item_id, 0, ""))
             else:
                 out.append(ev)
-        self._held.clear()
-        self._owners.clear()
+        self.drop()
         return out
 
     def drop(self) -> None:

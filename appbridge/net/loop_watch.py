@@ -20,6 +20,7 @@ cost is one timer every 10 ms on the loop and a thread waking every 5 ms.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -28,6 +29,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from typing import Any
 
 from appbridge.env_knobs import positive_from_env
 
@@ -239,6 +241,16 @@ def c_heap() -> tuple[int, int, int] | None:
     (heap arenas plus its own mmaps), bytes in use by the program, bytes free inside its arenas.
     None where the C library has no ``mallinfo2`` (not glibc, or glibc before 2.33). Python's
     small objects live in pymalloc's own mappings, outside these figures."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return info.arena + info.hblkhd, info.uordblks + info.hblkhd, info.fordblks
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` bound once through ctypes, or None where it is missing."""
     import ctypes
 
     class _Mallinfo2(ctypes.Structure):
@@ -263,8 +275,7 @@ def c_heap() -> tuple[int, int, int] | None:
     except (AttributeError, OSError):
         return None
     mallinfo2.restype = _Mallinfo2
-    info = mallinfo2()
-    return info.arena + info.hblkhd, info.uordblks + info.hblkhd, info.fordblks
+    return mallinfo2
 
 
 class MemoryDiffLog:
