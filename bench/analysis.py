@@ -61,6 +61,8 @@ def _b64_len(payload: str) -> int:
 
 #: How many lost bursts :class:`CallerFigures` describes in full, per worker.
 LOST_BURSTS_KEPT = 20
+#: How far before a lost burst's send the caller's arrivals are listed (``just_before_ms``).
+LOOK_BEFORE_S = 0.1
 
 
 @dataclass
@@ -279,6 +281,13 @@ def _lost_burst(
         if b - a > 2 * FRAME_S
     ]
     odd = [[round((t - burst.sent_at) * 1000, 1), n] for t, n in arrivals if n != FRAME_BYTES]
+    # What reached the caller just before the burst was stamped as sent: a frame of the burst
+    # counted as the previous one's would show here, a few ms or less before 0.
+    before = [
+        round((t - burst.sent_at) * 1000, 1)
+        for t, _ in media
+        if burst.sent_at - LOOK_BEFORE_S <= t < burst.sent_at
+    ]
     previous = script.bursts[index - 1] if index > 0 else None
     return {
         "call": getattr(call, "stream_sid", None) or script.call_ref,
@@ -294,6 +303,7 @@ def _lost_burst(
         "last_ms": round((arrivals[-1][0] - burst.sent_at) * 1000, 1) if arrivals else None,
         "gaps_ms": gaps[:10],
         "odd_messages": odd[:10],
+        "just_before_ms": before[-10:],
     }
 
 

@@ -296,9 +296,19 @@ def test_a_burst_that_lost_frames_is_described() -> None:
     assert lost["sent_at_s"] == pytest.approx(0.99) and lost["after_cleared"] is False
     assert lost["first_ms"] == pytest.approx(10.0) and lost["last_ms"] == pytest.approx(1950.0)
     assert lost["gaps_ms"] == [[pytest.approx(1010.0), pytest.approx(80.0)]]
-    assert lost["odd_messages"] == []
+    assert lost["odd_messages"] == [] and lost["just_before_ms"] == []
     # It travels from a worker as it is (its numbers are not rounded like the samples).
     assert CallerFigures.from_wire(figures.to_wire()).lost_bursts == figures.lost_bursts
+
+
+def test_a_frame_stamped_before_its_burst_is_listed_as_just_before() -> None:
+    # The burst is stamped as sent at 9.99 s; its first frame reaches the caller 1 ms before
+    # that (a clock error of the stamps): the burst lacks it, and the description shows where.
+    arrivals = [9.989, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
+    figures = _one_call_over_the_window(arrivals)
+    assert figures.frames_lost == 1
+    (lost,) = figures.lost_bursts
+    assert lost["just_before_ms"] == [pytest.approx(-1.0)]
 
 
 def test_figures_travel_and_merge() -> None:

@@ -21,6 +21,7 @@ from bench.analysis import analyse_calls
 from bench.lean_app import LeanApp, LeanSession
 from bench.load import receive_stamps_line
 from bench.stamped import (
+    REFRESH_TRIES,
     SCM_TIMESTAMPNS,
     StampClock,
     StampedDatagramTransport,
@@ -115,15 +116,38 @@ def test_realtime_stamps_become_monotonic_with_the_offset() -> None:
     assert realtime_to_monotonic_s(1_796_000_000, 250_000_000, 1_795_990_000.0) == pytest.approx(
         10_000.25, abs=1e-6
     )
-    mono = iter([100.0, 100.0, 100.2, 100.4, 101.5, 101.5, 101.6])
+    mono = iter([100.0, 100.0, 100.00001, 100.4, 101.5, 101.5, 101.50001])
     real = iter([1_000_100.1, 1_000_101.7])
     clock = StampClock(monotonic=lambda: next(mono), realtime=lambda: next(real))
     assert clock.now() == 100.0  # first read: refreshes
-    assert clock.offset_s == pytest.approx(1_000_100.1 - 100.1)  # realtime - midpoint
+    assert clock.offset_s == pytest.approx(1_000_100.1 - 100.000005)  # realtime - midpoint
+    assert clock.bracket_s == pytest.approx(10e-6)
     assert clock.now() == 100.4  # within the second: no refresh
     assert clock.refreshes == 1
     assert clock.now() == 101.5  # a second later: refreshed once more
-    assert clock.refreshes == 2 and clock.offset_s == pytest.approx(1_000_101.7 - 101.55)
+    assert clock.refreshes == 2 and clock.offset_s == pytest.approx(1_000_101.7 - 101.500005)
+
+
+def test_an_interrupted_offset_read_is_tried_again_and_the_narrowest_kept() -> None:
+    # The first pair of monotonic reads is 8 ms apart (preempted between them): its midpoint
+    # could be 4 ms off. The second pair is tight and ends the search.
+    mono = iter([10.0, 10.0, 10.008, 10.009, 10.00901])
+    real = iter([1_000_010.001, 1_000_010.009])
+    clock = StampClock(monotonic=lambda: next(mono), realtime=lambda: next(real))
+    clock.now()
+    assert clock.offset_s == pytest.approx(1_000_010.009 - 10.009005)
+    assert clock.bracket_s == pytest.approx(10e-6)
+    # When no try is tight, the narrowest of REFRESH_TRIES is kept.
+    widths = [0.005, 0.002, 0.004, 0.003, 0.006]
+    reads: list[float] = [20.0]
+    for i, width in enumerate(widths):
+        reads += [20.0 + i, 20.0 + i + width]
+    mono = iter(reads)
+    real = iter([1_000_020.0 + i for i in range(REFRESH_TRIES)])
+    clock = StampClock(monotonic=lambda: next(mono), realtime=lambda: next(real))
+    clock.now()
+    assert clock.bracket_s == pytest.approx(0.002)
+    assert clock.offset_s == pytest.approx(1_000_021.0 - 21.001)
 
 
 def test_stamp_reads_the_control_message_and_never_postdates_the_read() -> None:
