@@ -68,6 +68,7 @@ class Utterance:
     provider: TtsProvider
     voice: VoiceInfo
     language: str
+    relates_to: str  # an error's ``relatesTo``: the command's id, else "speak" (INTERFACES §6)
     pending: list[str] = field(default_factory=list)
     last_seen: bool = False
     wake: Any = None  # asyncio.Event, created on the loop
@@ -248,6 +249,7 @@ class CommandHandler:
                 self._cleared_streams.discard(cmd.id)
             return
         item_id = cmd.id if cmd.id is not None else self._new_id()
+        relates_to = cmd.id if cmd.id is not None else "speak"
         utt = self._utterances.get(item_id)
         if utt is None:
             if queue.has_item(item_id):
@@ -260,10 +262,10 @@ class CommandHandler:
                     cmd.voice, cmd.language, self.call.app.speech
                 )
             except SpeechError as exc:
-                self.call.send_error(exc.code, str(exc), item_id)  # type: ignore[arg-type]
+                self.call.send_error(exc.code, str(exc), relates_to)  # type: ignore[arg-type]
                 return
-            self.emit(queue.add_item(item_id, preempt=cmd.preempt))
-            utt = Utterance(item_id, provider, voice, language)
+            self._add_item(item_id, preempt=cmd.preempt)
+            utt = Utterance(item_id, provider, voice, language, relates_to)
             self._utterances[item_id] = utt
             self.call.spawn(self._synthesise(utt), f"tts:{item_id}")
         utt.pending.append(cmd.text)
@@ -288,7 +290,7 @@ class CommandHandler:
         item_id = self._new_id()
         self._internal_items.add(item_id)
         queue.add_item(item_id)
-        utt = Utterance(item_id, provider, voice, language, pending=[text], last_seen=True)
+        utt = Utterance(item_id, provider, voice, language, "speak", pending=[text], last_seen=True)
         self._utterances[item_id] = utt
         self.call.spawn(self._synthesise(utt), "tts:fallback")
 
@@ -328,9 +330,11 @@ class CommandHandler:
                     self.emit(queue.close_item(utt.item_id))
                     return
         except QueueFull:
-            self._fail_item(utt.item_id, "queue_full", "more than 120 s of output is queued")
+            self._fail_item(
+                utt.item_id, "queue_full", "more than 120 s of output is queued", utt.relates_to
+            )
         except SpeechError as exc:
-            self._fail_item(utt.item_id, exc.code, str(exc))
+            self._fail_item(utt.item_id, exc.code, str(exc), utt.relates_to)
         finally:
             if self._utterances.get(utt.item_id) is utt:
                 del self._utterances[utt.item_id]
@@ -343,30 +347,33 @@ class CommandHandler:
         if queue.has_item(item_id):
             self.call.send_error("bad_message", f"play: id {item_id!r} is in use", item_id)
             return
-        self.emit(queue.add_item(item_id, loop=cmd.loop, preempt=cmd.preempt))
-        self.call.spawn(self._fetch_and_queue(item_id, cmd.url), f"play:{item_id}")
+        self._add_item(item_id, loop=cmd.loop, preempt=cmd.preempt)
+        relates_to = cmd.id if cmd.id is not None else "play"
+        self.call.spawn(self._fetch_and_queue(item_id, cmd.url, relates_to), f"play:{item_id}")
 
-    async def _fetch_and_queue(self, item_id: str, url: str) -> None:
+    async def _fetch_and_queue(self, item_id: str, url: str, relates_to: str) -> None:
         queue, out_format = self.queue, self.out_format
         assert queue is not None and out_format is not None
         try:
             audio = await fetch_audio(self.call.gw.http, url, self.call.config.media)
         except FetchError as exc:
-            self._fail_item(item_id, "play_fetch_failed", f"play {url}: {exc}")
+            self._fail_item(item_id, "play_fetch_failed", f"play {url}: {exc}", relates_to)
             return
         conv = Converter(AudioFormat("pcm16", audio.rate_hz), out_format)
         try:
             if queue.append_audio(item_id, conv.convert(audio.pcm16)):
                 self.emit(queue.close_item(item_id))
         except QueueFull:
-            self._fail_item(item_id, "queue_full", "more than 120 s of output is queued")
+            self._fail_item(
+                item_id, "queue_full", "more than 120 s of output is queued", relates_to
+            )
 
-    def _fail_item(self, item_id: str, code: Any, message: str) -> None:
+    def _fail_item(self, item_id: str, code: Any, message: str, relates_to: str) -> None:
         queue = self.queue
         if queue is not None and queue.has_item(item_id):
             self.emit(queue.discard_item(item_id))
         if item_id not in self._internal_items:
-            self.call.send_error(code, message, item_id)
+            self.call.send_error(code, message, relates_to)
         elif self.call.state == "fallback":
             self.call.spawn(self.call.end("error"), "end-fallback")
 
@@ -397,13 +404,32 @@ class CommandHandler:
         settled = heard.settle_on_clear(unheard)
         if settled:
             events = settled + events
-        for item_id, utt in list(self._utterances.items()):
-            if not utt.last_seen:
-                self._cleared_streams.add(item_id)
-            del self._utterances[item_id]
-            if utt.wake is not None:
-                utt.wake.set()
+        for item_id in list(self._utterances):
+            self._end_stream(item_id)
         self._send(events)
+
+    def _add_item(self, item_id: str, *, loop: bool = False, preempt: bool = False) -> None:
+        """Queue an item; a ``preempt`` that cuts off a ``speak`` still being streamed ends that
+        stream as ``clear`` would: its remaining pieces are dropped, not played later as a new
+        item under the same id."""
+        queue = self.queue
+        assert queue is not None
+        events = queue.add_item(item_id, loop=loop, preempt=preempt)
+        for ev in events:
+            if isinstance(ev, OutputInterrupted):
+                self._end_stream(ev.item_id)
+        self.emit(events)
+
+    def _end_stream(self, item_id: str) -> None:
+        """The item left the queue unfinished: stop synthesising it, and drop the pieces of it
+        still to come (seed 004 ``speak``, ``last: false``)."""
+        utt = self._utterances.pop(item_id, None)
+        if utt is None:
+            return
+        if not utt.last_seen:
+            self._cleared_streams.add(item_id)
+        if utt.wake is not None:
+            utt.wake.set()
 
     def _dtmf_send(self, cmd: sv1.DtmfSend) -> None:
         """Keypresses on the call: out of band where the carrier can, else in-band tones that
@@ -421,7 +447,8 @@ class CommandHandler:
         try:
             queue.append_audio(item_id, audio)
         except QueueFull:
-            self._fail_item(item_id, "queue_full", "more than 120 s of output is queued")
+            # An internal item: no error of its own, the command's error below says it.
+            self._fail_item(item_id, "queue_full", "", "dtmf.send")
             self.call.send_error(
                 "queue_full", "more than 120 s of output is queued", cmd.id or "dtmf.send"
             )

@@ -132,6 +132,11 @@ async def test_unknown_voice_is_invalid_catalog_id(env: Env) -> None:
     await session.send({"type": "speak", "id": "v2", "text": "hi", "language": "xx-YY"})
     err = await session.wait_for(lambda m: m.get("relatesTo") == "v2", timeout=5)
     assert err["code"] == "invalid_catalog_id"
+    # Without an id, relatesTo is the command's type (INTERFACES §6), not an id the gateway
+    # made up and the app never saw.
+    await session.send({"type": "speak", "text": "hi", "voice": "nope/nothing"})
+    err = await session.wait_for(lambda m: m.get("relatesTo") == "speak", timeout=5)
+    assert err["code"] == "invalid_catalog_id"
 
 
 async def test_voice_and_language_overrides(env: Env) -> None:
@@ -222,6 +227,32 @@ async def test_preempt_interrupts_the_playing_item_and_keeps_the_rest(env: Env) 
         ("output.started", "c"),
         ("output.done", "c"),
     ]
+
+
+async def test_preempt_ends_a_streamed_speak_whose_pieces_keep_coming(env: Env) -> None:
+    _, session, _ = await connect(env)
+    await session.send({"type": "speak", "id": "s", "text": f"{SENTENCE} ", "last": False})
+    await session.wait_for("output.started", timeout=10)
+    await session.send({"type": "speak", "id": "b", "text": "Urgent.", "preempt": True})
+    await session.wait_for(lambda m: m["type"] == "output.interrupted", timeout=10)
+    # The app streams on, as an LLM does before it notices: those pieces belong to the
+    # utterance the preempt cut off, and are dropped as after a clear, however late they come.
+    await session.send({"type": "speak", "id": "s", "text": "And more words. ", "last": False})
+    await session.wait_for(lambda m: m["type"] == "output.done" and m["id"] == "b", timeout=15)
+    await session.send({"type": "speak", "id": "s", "text": "The end.", "last": True})
+    await session.send({"type": "mark", "name": "after"})
+    await session.wait_for(lambda m: m["type"] == "mark" and m["name"] == "after", timeout=10)
+    order = [(m["type"], m["id"]) for m in session.messages if m["type"].startswith("output.")]
+    assert order == [
+        ("output.started", "s"),
+        ("output.interrupted", "s"),
+        ("output.started", "b"),
+        ("output.done", "b"),
+    ]
+    assert session.of_type("error") == []
+    # The id is free again once its last piece came: a new utterance under it plays.
+    await session.send({"type": "speak", "id": "s", "text": "A new one."})
+    await session.wait_for(lambda m: m["type"] == "output.done" and m["id"] == "s", timeout=15)
 
 
 async def test_queue_full_past_120_seconds(env: Env) -> None:
