@@ -626,6 +626,12 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self.stop_hold()
         if result.link is not None and result.app is not None:
             self.link = result.link
+            # The new app listens as its own configuration says, from a fresh start: nothing it
+            # did not subscribe to, and none of the old app's listen.update.
+            self.commands.reset_listening()
+            if self.ears is not None:
+                ears, self.ears = self.ears, None
+                self.spawn(ears.close(), "ears-close")
             self._use_app(result.app)
             self._start_session(handoff=payload)
             log.info("call %s handed off to %s", self.call_ref, result.app.ref)

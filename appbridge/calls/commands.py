@@ -125,6 +125,13 @@ class CommandHandler:
         self._cleared_streams.clear()
         self._marks.clear()
 
+    def reset_listening(self) -> None:
+        """A handoff: ``subscribe`` and ``listen.update`` were the old app's choices."""
+        self.subscriptions.clear()
+        self.listen_language = None
+        self.listen_hints = []
+        self.patience = "normal"
+
     def shutdown(self) -> None:
         self.heard.drop()
         for utt in self._utterances.values():

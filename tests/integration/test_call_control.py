@@ -17,6 +17,7 @@ from tests.integration.conftest import SECRET, Env, gateway_env
 from tests.integration.test_bad_input import media_server  # noqa: F401  (fixture)
 from tests.integration.test_lifecycle import closed_port
 from tests.integration.test_session_protocol import connect
+from tests.integration.test_turns import synthesise_ulaw
 
 
 @asynccontextmanager
@@ -109,6 +110,46 @@ async def test_handoff_moves_the_call_to_another_app(env: Env) -> None:
         assert not call.closed
         await call.send_audio_ulaw(b"\x20" * 800)
         await session2.wait_until(lambda: len(session2.audio) >= 3, timeout=5)
+
+
+async def test_the_app_handed_to_starts_with_its_own_listening(env: Env) -> None:
+    """``subscribe`` and ``listen.update`` were the first app's choices: the second app gets
+    no opt-in event it did not ask for, and recognition runs as its own configuration says."""
+    async with with_apps(1) as (second,):
+        apps = {ref: app for ref, app in env.gw.config.apps.items()}
+        apps["second"] = _app("second", second.url)
+        _reload(env, apps)
+        call, first, _ = await connect(env, continuous_media=True)
+        await first.send({"type": "subscribe", "events": ["turn.estimate", "transcript.partial"]})
+        await first.send(
+            {"type": "listen.update", "language": "es-ES", "hints": ["Fonoster"], "patience": "low"}
+        )
+        live = env.gw.registry.get(call.call_sid)
+        assert live is not None
+        await call.wait_until(
+            lambda: live.ears is not None and live.ears.detector.patience == "low", timeout=5
+        )
+        assert live.ears is not None and (live.ears.language, live.ears.hints) == (
+            "es-ES",
+            ["Fonoster"],
+        )
+        await first.send({"type": "handoff", "id": "ho", "app": "second", "payload": {}})
+        await first.wait_for("session.end", timeout=5)
+        session2 = await second.next_session(timeout=5)
+        start2 = await session2.wait_for("session.start", timeout=5)
+        assert start2["speech"]["language"] == "en-US"
+        assert live.ears is not None
+        assert (live.ears.language, live.ears.hints) == ("en-US", [])
+        assert live.ears.detector.patience == "normal"
+        await asyncio.sleep(0.3)
+        await call.send_audio_ulaw(await synthesise_ulaw("I would like to check my balance."))
+        ended = await session2.wait_for("turn.ended", timeout=20)
+        assert ended["abandoned"] is False and ended["language"].startswith("en")
+        kinds = {m["type"] for m in session2.messages}
+        assert "turn.estimate" not in kinds and "transcript.partial" not in kinds
+        await session2.send({"type": "subscribe", "events": ["turn.estimate"]})
+        await call.send_audio_ulaw(await synthesise_ulaw("And my savings too."))
+        await session2.wait_for("turn.estimate", timeout=15)
 
 
 async def test_handoff_limits_and_bad_targets(env: Env) -> None:
