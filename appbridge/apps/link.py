@@ -159,9 +159,11 @@ class AppLink:
             client.abort()
             self._gone_with("slow")
 
-    def send_audio(self, data: bytes, *, text: bool = False) -> bool:
-        """An audio frame (binary, or a JSON text frame in the Twilio dialect): dropped (and
-        counted) while the peer is behind."""
+    def audio_room(self) -> bool:
+        """Whether the next audio frame may be written: not while the peer is behind, when the
+        frame is dropped (and counted) instead. Asked before the frame is made, so that a
+        dropped frame takes no ``sequenceNumber`` or ``chunk`` of the Twilio dialect (they
+        count the messages sent) and costs no encoding."""
         client = self._client
         if client is None or not self._open:
             return False
@@ -171,11 +173,18 @@ class AppLink:
                 self._drop_logged = True
                 log.warning("app link %s is slow: dropping audio frames", redact_url(self.url))
             return False
+        return True
+
+    def send_audio(self, data: bytes, *, text: bool = False) -> None:
+        """An audio frame (binary, or a JSON text frame in the Twilio dialect) that
+        :meth:`audio_room` let through."""
+        client = self._client
+        if client is None:
+            return
         if text:
             client.send_text(data)
         else:
             client.send_binary(data)
-        return True
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Close politely; the listener is not told (the caller decided this)."""

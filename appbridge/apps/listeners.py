@@ -132,10 +132,10 @@ class ListenerSet:
             wanted = (
                 listener.wants_inbound if track_id == INBOUND_TRACK else listener.wants_outbound
             )
-            if wanted:
-                assert listener.link is not None
+            link = listener.link
+            if wanted and link is not None and link.audio_room():
                 encoder = listener.encoder
-                listener.link.send_audio(
+                link.send_audio(
                     encoder.audio(track_id, frame, elapsed_ms), text=encoder.audio_is_text
                 )
 

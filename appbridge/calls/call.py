@@ -396,10 +396,12 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         for frame in frames:
             if encoder.audio_is_text:
                 elapsed = self.elapsed_ms()
-                link.send_audio(encoder.audio(INBOUND_TRACK, frame, elapsed), text=True)
+                if link.audio_room():
+                    link.send_audio(encoder.audio(INBOUND_TRACK, frame, elapsed), text=True)
             else:
                 elapsed = 0
-                link.send_audio(encoder.audio(INBOUND_TRACK, frame, 0))
+                if link.audio_room():
+                    link.send_audio(encoder.audio(INBOUND_TRACK, frame, 0))
             if listeners is not None:
                 listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
 

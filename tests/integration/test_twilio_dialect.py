@@ -49,10 +49,13 @@ class TwilioAppSession:
         self.messages: list[dict[str, Any]] = []
         self.closed = asyncio.Event()
         self.changed = asyncio.Event()
+        self.reading = asyncio.Event()  # cleared: no frame is read, and TCP pushes back
+        self.reading.set()
 
     async def read(self) -> None:
         try:
             async for frame in self.ws:
+                await self.reading.wait()
                 self.frames.append(frame)
                 if isinstance(frame, str):
                     self.messages.append(json.loads(frame))
@@ -124,6 +127,45 @@ async def test_connected_start_media_dtmf_and_counters() -> None:
         dtmf = next(m for m in session.messages if m["event"] == "dtmf")
         assert dtmf["dtmf"] == {"track": "inbound_track", "digit": "#"}
         assert all(isinstance(f, str) for f in session.frames)  # never a binary frame
+
+
+async def test_audio_dropped_for_a_slow_app_takes_no_counter() -> None:
+    """The gateway never waits on a slow app: it drops audio frames while the app's socket is
+    backed up. A dropped frame is never sent, so it takes no ``sequenceNumber`` and no
+    ``chunk`` (they count the messages sent); ``timestamp`` shows the gap."""
+    async with twilio_env() as (env, app):
+        call = await env.twilio.place_call("+15550001111", "+15550002222", pace=False)
+        session = await asyncio.wait_for(app.sessions.get(), 10)
+        await session.wait_for("start")
+        session.reading.clear()
+        sent_frames = 25_000  # 8 minutes of audio, unpaced: a few MB toward the app
+        await call.send_audio_ulaw(b"\xff" * (160 * sent_frames))
+        await call.drain(timeout=60)
+        live = env.gw.registry.get(call.call_sid)
+        assert live is not None and live.link is not None
+        link = live.link
+        async with asyncio.timeout(30):
+            while link.audio_dropped_frames == 0:  # noqa: ASYNC110 - a gateway counter
+                await asyncio.sleep(0.05)
+        session.reading.set()
+
+        def media_count() -> int:
+            return sum(1 for m in session.messages if m.get("event") == "media")
+
+        async with asyncio.timeout(60):  # every caller frame reached the app or was dropped
+            while media_count() + link.audio_dropped_frames < sent_frames:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        dropped = link.audio_dropped_frames
+        assert dropped > 0 and media_count() == sent_frames - dropped
+        # Once the app reads again, audio flows again, numbered on from the last frame sent.
+        await call.send_audio_ulaw(b"\xff" * (160 * 50))
+        media = await session.wait_for("media", n=sent_frames - dropped + 50, timeout=30)
+        assert link.audio_dropped_frames == dropped
+        seqs = [int(m["sequenceNumber"]) for m in session.messages[1:]]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert [int(m["media"]["chunk"]) for m in media] == list(range(1, len(media) + 1))
+        stamps = [int(m["media"]["timestamp"]) for m in media]
+        assert stamps == sorted(stamps)
 
 
 async def test_app_media_mark_and_clear() -> None:

@@ -109,9 +109,11 @@ class FakeLink(AppLink):
     def send_control(self, data: bytes) -> None:
         self.messages.append(json.loads(data))
 
-    def send_audio(self, data: bytes, text: bool = False) -> bool:
-        self.audio.append(data)
+    def audio_room(self) -> bool:
         return True
+
+    def send_audio(self, data: bytes, text: bool = False) -> None:
+        self.audio.append(data)
 
     def attach(self, call: Any) -> None:
         pass
