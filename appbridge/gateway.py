@@ -22,7 +22,7 @@ from appbridge.admission import CpuLoad, refusal
 from appbridge.calls.registry import CallRegistry
 from appbridge.carriers.twilio import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
-from appbridge.config import Config
+from appbridge.config import AppConfig, Config
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
 from appbridge.media.media_clock import MediaClock, slice_from_env
 from appbridge.net.loop_watch import LoopStallWatch, MemoryDiffLog, threshold_from_env
@@ -159,6 +159,14 @@ class Gateway:
                 if provider is not None:
                     used.add(provider)
         return used
+
+    def signing_secret(self, app: AppConfig) -> str | None:
+        """The secret a new connection to ``app`` (or its listeners) is signed with: the one
+        configured now, even for a call that started before a reload. Seed 004: "Rotating the
+        signing secret takes effect immediately; there is no overlap window". An app the reload
+        removed keeps the secret the call started with."""
+        current = self.config.apps.get(app.ref)
+        return current.signing_secret if current is not None else app.signing_secret
 
     def reload(self, config: Config) -> None:
         """Swap in a validated configuration: apps, numbers and secrets change for new calls."""

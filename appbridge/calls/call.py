@@ -180,7 +180,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             try:
                 link = await dial(
                     app.url,
-                    secret=app.signing_secret,
+                    secret=self.gw.signing_secret(app),
                     clock=self.gw.clock,
                     ssl_context=self.gw.ssl_context,
                 )
@@ -311,7 +311,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
                 app.listeners,
                 protocol=app.protocol,
                 workspace_ref=app.workspace_ref,
-                secret=app.signing_secret,
+                secret=self.gw.signing_secret(app),
                 clock=self.gw.clock,
                 ssl_context=self.gw.ssl_context,
             )

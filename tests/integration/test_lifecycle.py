@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import hmac
 import socket
 
 import httpx
 import pytest
 import websockets
 
+from appbridge.config import AppConfig
 from appbridge.testing.fake_app import FakeApp
 from appbridge.testing.fake_twilio import FakeTwilio, twilio_signature
 from tests.integration.conftest import ACCOUNT_SID, API_TOKEN, SECRET, Env, gateway_env
@@ -220,6 +223,33 @@ async def test_reload_rotates_the_secret_for_new_calls_only(env: Env) -> None:
     await session1.send({"type": "speak", "id": "old", "text": "Old call goes on."})
     await session1.wait_for("output.done", timeout=10)
     assert session2.headers["x-fonoster-signature"] != session1.headers["x-fonoster-signature"]
+
+
+async def test_a_rotated_secret_signs_what_a_live_call_dials_next(env: Env) -> None:
+    """Seed 004: rotating takes effect immediately. A call that began under the old secret
+    and then dials (a handoff here; also a fallback, an answered outbound call, listeners)
+    signs with the new one, which the app already checks."""
+    second = FakeApp(secret=SECRET)
+    await second.start()
+    try:
+        apps = dict(env.gw.config.apps)
+        apps["second"] = AppConfig(ref="second", url=second.url, signing_secret=SECRET)
+        env.gw.reload(dataclasses.replace(env.gw.config, apps=apps))
+        call, first, _ = await connect(env)
+        new_secret = "rotated-secret"
+        apps["second"] = dataclasses.replace(apps["second"], signing_secret=new_secret)
+        env.gw.reload(dataclasses.replace(env.gw.config, apps=apps))
+        second.secret = new_secret
+        await first.send({"type": "handoff", "id": "ho", "app": "second", "payload": {}})
+        await first.wait_for("session.end", timeout=10)
+        session2 = await second.next_session(timeout=10)
+        await session2.wait_for("session.start", timeout=5)
+        ts = session2.headers["x-fonoster-timestamp"]
+        expected = hmac.new(new_secret.encode(), f"{ts}.{second.url}".encode(), hashlib.sha256)
+        assert session2.headers["x-fonoster-signature"] == expected.hexdigest()
+        assert not call.closed
+    finally:
+        await second.stop()
 
 
 async def test_calls_are_refused_above_the_cpu_limit() -> None:
