@@ -499,6 +499,15 @@ class CommandHandler:
         call = self.call
         if call.leg is None:
             return
+        if cmd.mode == "warm" and cmd.id is None:
+            # transfer.complete names the warm transfer by this id: without one the caller
+            # would wait on hold with no way to be connected.
+            call.send_error(
+                "bad_message",
+                "transfer: a warm transfer needs an id (transfer.complete names it)",
+                "transfer",
+            )
+            return
         if not self._transfer_target_ok(cmd.to):
             call.send_error(
                 "transfer_failed",

@@ -223,6 +223,10 @@ async def test_transfer_failures(env: Env) -> None:
     await session.send({"type": "transfer", "id": "r", "to": "+15557654321", "mode": "refer"})
     err = await session.wait_for(lambda m: m.get("relatesTo") == "r", timeout=5)
     assert err["code"] == "feature_not_supported"
+    # A warm transfer is completed by its id: without one it is refused before anything rings.
+    await session.send({"type": "transfer", "to": "+15557654321", "mode": "warm"})
+    err = await session.wait_for(lambda m: m.get("relatesTo") == "transfer", timeout=5)
+    assert err["code"] == "bad_message" and "needs an id" in err["message"]
     # A warm transfer to a busy party: transfer_failed, and the caller is back with the app.
     env.rest.dialer.default_callee = Callee("busy")
     await session.send({"type": "transfer", "id": "w", "to": "+15557654321", "mode": "warm"})
