@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from appbridge.calls.transfer import TransferFlow
+from appbridge.calls.transfer import MUSIC_MAX_MS, TransferFlow, music_queue
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.dtmf import dtmf_pcm16
 from appbridge.media.fetch import FetchError, fetch_audio
@@ -467,7 +467,7 @@ class CommandHandler:
         out_format = self.out_format
         if out_format is None or not self.call.control.hold():
             return
-        music = OutputQueue(out_format.frame_bytes(20), out_format.silence(20))
+        music = music_queue(out_format)
         self.call.start_hold(music)
         if cmd.music:
             self.call.spawn(self.fetch_music(music, cmd.music, cmd.id), "hold-music")
@@ -489,7 +489,9 @@ class CommandHandler:
             music.append_audio("music", data)
         except QueueFull:
             self.call.send_error(
-                "queue_full", "hold music is longer than 120 s", command_id or "hold"
+                "queue_full",
+                f"hold music is longer than {MUSIC_MAX_MS // 60_000} minutes",
+                command_id or "hold",
             )
             return
         music.close_item("music")

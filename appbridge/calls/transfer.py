@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from appbridge.carriers.base import CarrierLeg, TransferError
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.output_queue import OutputQueue
+from appbridge.media.wav import MAX_WAV_SECONDS
 from appbridge.protocol import session_v1 as sv1
 
 if TYPE_CHECKING:
@@ -63,6 +64,19 @@ def ringback_pcm16(rate_hz: int = _RINGBACK_RATE_HZ) -> bytes:
     pcm = np.zeros(n_on + int(RINGBACK_OFF_S * rate_hz), dtype=np.int16)
     pcm[:n_on] = np.asarray(tone, dtype=np.float64).astype(np.int16)
     return pcm.tobytes()
+
+
+#: The longest music kept for a transfer's wait or a ``hold`` (it loops): as long as a WAV file
+#: may be. It is not the app's output, so the output queue's 120 s does not apply: a hold track
+#: of a few minutes is common. 10 minutes of µ-law 8 kHz is 4.8 MB per call on hold.
+MUSIC_MAX_MS: Final = int(MAX_WAV_SECONDS * 1000)
+
+
+def music_queue(out_format: AudioFormat) -> OutputQueue:
+    """The queue that plays hold or transfer music (or ringback) to the caller."""
+    return OutputQueue(
+        out_format.frame_bytes(20), out_format.silence(20), max_queued_ms=MUSIC_MAX_MS
+    )
 
 
 class TransferFlow:
@@ -152,7 +166,7 @@ class TransferFlow:
         commands = self.call.commands
         fmt = commands.out_format
         assert fmt is not None
-        queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
+        queue = music_queue(fmt)
         if self.music:
             self.call.spawn(
                 commands.fetch_music(queue, self.music, self.relates_to), "transfer-music"

@@ -185,7 +185,11 @@ def _downmix(pcm16: bytes, channels: int) -> bytes:
     return out
 
 
-def parse_wav(data: bytes, max_seconds: float = 600) -> DecodedAudio:
+#: The longest WAV file decoded (``play``, hold and transfer music, ``appbridge call``).
+MAX_WAV_SECONDS: Final = 600
+
+
+def parse_wav(data: bytes, max_seconds: float = MAX_WAV_SECONDS) -> DecodedAudio:
     """Decodes a WAV file to mono pcm16 at its own rate, or raises `WavError`.
 
     Supported: PCM at 8/16/24/32 bits, IEEE float at 32/64 bits, A-law, µ-law, and any of these

@@ -44,6 +44,10 @@ async def media_server() -> AsyncIterator[LoopbackServer]:
             return Response(b"RIFF\x00\x00\x00\x00WAVEjunk", media_type="audio/wav")
         if name == "redirect":
             return Response(status_code=302, headers={"Location": "/tone.wav"})
+        if name.startswith("minutes-"):  # /minutes-N.wav: N minutes of 8 kHz pcm16 tone
+            minutes = float(name.removeprefix("minutes-").removesuffix(".wav"))
+            second = tone_pcm16(700, 1000, 8000)
+            return Response(write_wav(second * int(minutes * 60), 8000), media_type="audio/wav")
         return Response(b"no", status_code=404)
 
     server = LoopbackServer(Starlette(routes=[Route("/{name}", serve)]))

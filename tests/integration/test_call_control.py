@@ -75,6 +75,22 @@ async def test_hold_music_gating_and_resume(env: Env, media_server) -> None:  # 
     await session.wait_for("output.done", timeout=10)
 
 
+async def test_hold_music_of_a_few_minutes_plays(env: Env, media_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Hold music is not the app's output: the 120 s queue limit does not apply to it. A WAV
+    file's own limit (600 s) does."""
+    call, session, _ = await connect(env)
+    base = media_server.base_url
+    await session.send({"type": "hold", "id": "h", "music": f"{base}/minutes-3.wav"})
+    await asyncio.sleep(1.5)
+    music = ulaw_decode(call.heard_ulaw()[-8000:])
+    assert abs(dominant_freq(music, 8000) - 700) < 30
+    await session.send({"type": "resume", "id": "r"})
+    await session.send({"type": "hold", "id": "h2", "music": f"{base}/minutes-10.5.wav"})
+    err = await session.wait_for("error", timeout=15)
+    assert (err["code"], err["relatesTo"]) == ("play_fetch_failed", "h2"), err
+    assert "600 s" in err["message"]
+
+
 async def test_hold_without_music_is_silence(env: Env) -> None:
     call, session, _ = await connect(env)
     await session.send_binary(tone_pcm16(500, 3000, 16000))
