@@ -454,8 +454,7 @@ class CommandHandler:
         try:
             queue.append_audio(item_id, audio)
         except QueueFull:
-            # An internal item: no error of its own, the command's error below says it.
-            self._fail_item(item_id, "queue_full", "", "dtmf.send")
+            self.emit(queue.discard_item(item_id))  # internal: the command's error says it
             self.call.send_error(
                 "queue_full", "more than 120 s of output is queued", cmd.id or "dtmf.send"
             )
