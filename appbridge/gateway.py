@@ -25,6 +25,7 @@ from appbridge.clock import Clock, SystemClock
 from appbridge.config import AppConfig, Config
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
 from appbridge.media.media_clock import MediaClock, slice_from_env
+from appbridge.media.music import MusicStore
 from appbridge.net.loop_watch import LoopStallWatch, MemoryDiffLog, threshold_from_env
 from appbridge.net.ws_client import close_all
 from appbridge.speech.base import SttProvider
@@ -105,6 +106,8 @@ class Gateway:
         self.http = http or httpx.AsyncClient(
             timeout=10.0, headers={"User-Agent": "AppBridge"}, follow_redirects=False
         )
+        # Hold and transfer music: one fetch and one copy per track, shared by the calls.
+        self.music = MusicStore(self.clock)
         self.draining = False
         self.cpu = CpuLoad()
         self._cpu_task: asyncio.Task[None] | None = None

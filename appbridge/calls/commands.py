@@ -472,17 +472,19 @@ class CommandHandler:
             self.call.spawn(self.fetch_music(music, cmd.music, cmd.id), "hold-music")
 
     async def fetch_music(self, music: OutputQueue, url: str, command_id: str | None) -> None:
-        """Fetch ``url`` into ``music`` as one looped item (hold, a transfer's waiting)."""
+        """Fetch ``url`` into ``music`` as one looped item (hold, a transfer's waiting), through
+        the gateway's music store: calls on hold to the same track share one fetch and one
+        copy of it (media/music.py)."""
         out_format = self.out_format
         assert out_format is not None
+        gw = self.call.gw
         try:
-            audio = await fetch_audio(self.call.gw.http, url, self.call.config.media)
+            data = await gw.music.get(gw.http, url, self.call.config.media, out_format)
         except FetchError as exc:
             self.call.send_error(
                 "play_fetch_failed", f"hold music {url}: {exc}", command_id or "hold"
             )
             return
-        data = Converter(AudioFormat("pcm16", audio.rate_hz), out_format).convert(audio.pcm16)
         music.add_item("music", loop=True)
         try:
             music.append_audio("music", data)

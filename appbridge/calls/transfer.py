@@ -68,7 +68,8 @@ def ringback_pcm16(rate_hz: int = _RINGBACK_RATE_HZ) -> bytes:
 
 #: The longest music kept for a transfer's wait or a ``hold`` (it loops): as long as a WAV file
 #: may be. It is not the app's output, so the output queue's 120 s does not apply: a hold track
-#: of a few minutes is common. 10 minutes of µ-law 8 kHz is 4.8 MB per call on hold.
+#: of a few minutes is common. 10 minutes of µ-law 8 kHz is 4.8 MB, one copy shared by every
+#: call that plays the track (media/music.py).
 MUSIC_MAX_MS: Final = int(MAX_WAV_SECONDS * 1000)
 
 

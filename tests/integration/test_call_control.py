@@ -79,11 +79,18 @@ async def test_hold_music_of_a_few_minutes_plays(env: Env, media_server) -> None
     """Hold music is not the app's output: the 120 s queue limit does not apply to it. A WAV
     file's own limit (600 s) does."""
     call, session, _ = await connect(env)
+    other, session2, _ = await connect(env)
     base = media_server.base_url
+    fetches = env.gw.music.fetches
     await session.send({"type": "hold", "id": "h", "music": f"{base}/minutes-3.wav"})
+    await session2.send({"type": "hold", "id": "h", "music": f"{base}/minutes-3.wav"})
     await asyncio.sleep(1.5)
-    music = ulaw_decode(call.heard_ulaw()[-8000:])
-    assert abs(dominant_freq(music, 8000) - 700) < 30
+    for caller in (call, other):
+        music = ulaw_decode(caller.heard_ulaw()[-8000:])
+        assert abs(dominant_freq(music, 8000) - 700) < 30
+    # Both callers hear one download, kept once (media/music.py).
+    assert env.gw.music.fetches == fetches + 1
+    await session2.send({"type": "resume", "id": "r"})
     await session.send({"type": "resume", "id": "r"})
     await session.send({"type": "hold", "id": "h2", "music": f"{base}/minutes-10.5.wav"})
     err = await session.wait_for("error", timeout=15)
