@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -16,19 +15,11 @@ from starlette.routing import Route
 
 from appbridge.clock import VirtualClock
 from appbridge.media.codecs import PCMU_8K, AudioFormat
-from appbridge.media.fetch import FetchError
+from appbridge.media.fetch import DefaultLimits, FetchError
 from appbridge.media.music import MusicStore
 from appbridge.media.wav import write_wav
 from appbridge.testing.audio import tone_pcm16
 from appbridge.testing.fake_twilio import LoopbackServer
-
-
-@dataclass(frozen=True)
-class Limits:
-    allow_private: bool = True
-    max_bytes: int = 16 * 1024 * 1024
-    timeout_s: float = 10.0
-    max_redirects: int = 3
 
 
 class Media:
@@ -50,6 +41,19 @@ class Media:
         return Response(b"no", status_code=404)
 
 
+async def held_back(
+    server: Media, store: MusicStore, http: httpx.AsyncClient, url: str, n: int
+) -> list[asyncio.Task[bytes]]:
+    """``n`` gets of ``url``, started while the server holds its answer back (``release``)."""
+    server.release.clear()
+    gets = [
+        asyncio.create_task(store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K))
+        for _ in range(n)
+    ]
+    await asyncio.sleep(0.2)
+    return gets
+
+
 @pytest.fixture
 async def media() -> AsyncIterator[tuple[Media, str]]:
     media = Media()
@@ -66,19 +70,16 @@ async def test_calls_on_hold_together_share_one_fetch_and_one_copy(
 ) -> None:
     server, base = media
     store = MusicStore(VirtualClock())
-    server.release.clear()
     async with httpx.AsyncClient() as http:
-        waiting = [
-            asyncio.create_task(store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K))
-            for _ in range(5)
-        ]
-        await asyncio.sleep(0.2)
+        waiting = await held_back(server, store, http, f"{base}/tone.wav", 5)
         server.release.set()
         tracks = await asyncio.gather(*waiting)
         assert server.requests == ["tone.wav"] and store.fetches == 1
         assert len(tracks[0]) == 8000  # 1 s of µ-law 8 kHz
         assert all(track is tracks[0] for track in tracks)  # shared, not copied
-        again = await store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K)
+        again = await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
+        )
         assert again is tracks[0] and store.hits == 1 and store.kept_bytes == 8000
 
 
@@ -90,14 +91,16 @@ async def test_a_track_is_fetched_again_once_stale_and_per_format_and_limits(
     store = MusicStore(clock, ttl_s=300)
     url = f"{base}/tone.wav"
     async with httpx.AsyncClient() as http:
-        first = await store.get(http, url, Limits(), PCMU_8K)
+        first = await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K)
         clock.advance(299)
-        assert await store.get(http, url, Limits(), PCMU_8K) is first
+        assert await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K) is first
         clock.advance(2)  # the operator may have replaced the file: fetch it again
-        assert await store.get(http, url, Limits(), PCMU_8K) is not first
-        wide = await store.get(http, url, Limits(), AudioFormat("pcm16", 16000))
+        assert await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K) is not first
+        wide = await store.get(
+            http, url, DefaultLimits(allow_private=True), AudioFormat("pcm16", 16000)
+        )
         assert abs(len(wide) - 32000) <= 16  # 1 s of pcm16 16 kHz (the resampler's edge)
-        await store.get(http, url, Limits(max_redirects=0), PCMU_8K)
+        await store.get(http, url, DefaultLimits(allow_private=True, max_redirects=0), PCMU_8K)
         assert store.fetches == 4 and len(server.requests) == 4
 
 
@@ -106,18 +109,13 @@ async def test_a_failed_fetch_reaches_every_waiter_and_is_not_kept(
 ) -> None:
     server, base = media
     store = MusicStore(VirtualClock())
-    server.release.clear()
     async with httpx.AsyncClient() as http:
-        waiting = [
-            asyncio.create_task(store.get(http, f"{base}/missing.wav", Limits(), PCMU_8K))
-            for _ in range(3)
-        ]
-        await asyncio.sleep(0.2)
+        waiting = await held_back(server, store, http, f"{base}/missing.wav", 3)
         server.release.set()
         results = await asyncio.gather(*waiting, return_exceptions=True)
         assert all(isinstance(r, FetchError) for r in results), results
         with pytest.raises(FetchError):
-            await store.get(http, f"{base}/missing.wav", Limits(), PCMU_8K)
+            await store.get(http, f"{base}/missing.wav", DefaultLimits(allow_private=True), PCMU_8K)
         assert store.fetches == 2 and store.kept_bytes == 0
 
 
@@ -126,11 +124,8 @@ async def test_a_caller_who_leaves_does_not_cancel_the_fetch_for_the_others(
 ) -> None:
     server, base = media
     store = MusicStore(VirtualClock())
-    server.release.clear()
     async with httpx.AsyncClient() as http:
-        leaving = asyncio.create_task(store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K))
-        staying = asyncio.create_task(store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K))
-        await asyncio.sleep(0.2)
+        leaving, staying = await held_back(server, store, http, f"{base}/tone.wav", 2)
         leaving.cancel()
         server.release.set()
         assert len(await staying) == 8000
@@ -143,12 +138,22 @@ async def test_the_store_keeps_at_most_its_bound_least_recently_used_first(
     _, base = media
     store = MusicStore(VirtualClock(), max_bytes=20000)
     async with httpx.AsyncClient() as http:
-        await store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K)  # 8,000 bytes
-        await store.get(http, f"{base}/tone.wav", Limits(max_redirects=1), PCMU_8K)  # 8,000
-        await store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K)  # used again: newest
-        await store.get(http, f"{base}/tone.wav", Limits(max_redirects=2), PCMU_8K)  # evicts one
+        await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
+        )  # 8,000 bytes
+        await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True, max_redirects=1), PCMU_8K
+        )  # 8,000
+        await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
+        )  # used again: newest
+        await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True, max_redirects=2), PCMU_8K
+        )  # evicts one
         assert store.kept_bytes == 16000 and store.fetches == 3
-        await store.get(http, f"{base}/tone.wav", Limits(), PCMU_8K)
+        await store.get(http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K)
         assert store.fetches == 3  # the least recently used one went, not this one
-        wide = await store.get(http, f"{base}/tone.wav", Limits(), AudioFormat("pcm16", 16000))
+        wide = await store.get(
+            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), AudioFormat("pcm16", 16000)
+        )
         assert len(wide) > 20000 and store.kept_bytes <= 20000  # served, too big to keep
