@@ -51,7 +51,7 @@ class MusicStore:
         self._kept: OrderedDict[_Key, tuple[float, bytes]] = OrderedDict()
         self._kept_bytes = 0
         self._loading: dict[_Key, asyncio.Task[bytes]] = {}
-        self.fetches = 0  # downloads started (``/metrics``-free; tests and logs read it)
+        self.fetches = 0  # downloads started (not in `/metrics`; the tests read it)
         self.hits = 0
 
     @property

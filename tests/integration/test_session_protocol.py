@@ -31,6 +31,11 @@ async def connect(env: Env, **kw: object) -> tuple[FakeTwilioCall, FakeSession, 
     return call, session, start
 
 
+def output_order(session: FakeSession) -> list[tuple[str, str]]:
+    """The ``output.*`` events the app received, as (type, id), in order."""
+    return [(m["type"], m["id"]) for m in session.messages if m["type"].startswith("output.")]
+
+
 async def test_signed_request_and_every_session_start_field(env: Env) -> None:
     call, session, start = await connect(env)
     ts = session.headers["x-fonoster-timestamp"]
@@ -218,8 +223,7 @@ async def test_preempt_interrupts_the_playing_item_and_keeps_the_rest(env: Env) 
     await asyncio.sleep(0.5)
     await session.send({"type": "speak", "id": "b", "text": "Urgent.", "preempt": True})
     await session.wait_for(lambda m: m["type"] == "output.done" and m["id"] == "c", timeout=15)
-    order = [(m["type"], m["id"]) for m in session.messages if m["type"].startswith("output.")]
-    assert order == [
+    assert output_order(session) == [
         ("output.started", "a"),
         ("output.interrupted", "a"),
         ("output.started", "b"),
@@ -242,8 +246,7 @@ async def test_preempt_ends_a_streamed_speak_whose_pieces_keep_coming(env: Env) 
     await session.send({"type": "speak", "id": "s", "text": "The end.", "last": True})
     await session.send({"type": "mark", "name": "after"})
     await session.wait_for(lambda m: m["type"] == "mark" and m["name"] == "after", timeout=10)
-    order = [(m["type"], m["id"]) for m in session.messages if m["type"].startswith("output.")]
-    assert order == [
+    assert output_order(session) == [
         ("output.started", "s"),
         ("output.interrupted", "s"),
         ("output.started", "b"),

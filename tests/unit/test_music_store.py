@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -20,6 +21,8 @@ from appbridge.media.music import MusicStore
 from appbridge.media.wav import write_wav
 from appbridge.testing.audio import tone_pcm16
 from appbridge.testing.fake_twilio import LoopbackServer
+
+LIMITS = DefaultLimits(allow_private=True)  # the media server is on loopback
 
 
 class Media:
@@ -46,10 +49,7 @@ async def held_back(
 ) -> list[asyncio.Task[bytes]]:
     """``n`` gets of ``url``, started while the server holds its answer back (``release``)."""
     server.release.clear()
-    gets = [
-        asyncio.create_task(store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K))
-        for _ in range(n)
-    ]
+    gets = [asyncio.create_task(store.get(http, url, LIMITS, PCMU_8K)) for _ in range(n)]
     await asyncio.sleep(0.2)
     return gets
 
@@ -77,9 +77,7 @@ async def test_calls_on_hold_together_share_one_fetch_and_one_copy(
         assert server.requests == ["tone.wav"] and store.fetches == 1
         assert len(tracks[0]) == 8000  # 1 s of µ-law 8 kHz
         assert all(track is tracks[0] for track in tracks)  # shared, not copied
-        again = await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
-        )
+        again = await store.get(http, f"{base}/tone.wav", LIMITS, PCMU_8K)
         assert again is tracks[0] and store.hits == 1 and store.kept_bytes == 8000
 
 
@@ -91,16 +89,14 @@ async def test_a_track_is_fetched_again_once_stale_and_per_format_and_limits(
     store = MusicStore(clock, ttl_s=300)
     url = f"{base}/tone.wav"
     async with httpx.AsyncClient() as http:
-        first = await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K)
+        first = await store.get(http, url, LIMITS, PCMU_8K)
         clock.advance(299)
-        assert await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K) is first
+        assert await store.get(http, url, LIMITS, PCMU_8K) is first
         clock.advance(2)  # the operator may have replaced the file: fetch it again
-        assert await store.get(http, url, DefaultLimits(allow_private=True), PCMU_8K) is not first
-        wide = await store.get(
-            http, url, DefaultLimits(allow_private=True), AudioFormat("pcm16", 16000)
-        )
+        assert await store.get(http, url, LIMITS, PCMU_8K) is not first
+        wide = await store.get(http, url, LIMITS, AudioFormat("pcm16", 16000))
         assert abs(len(wide) - 32000) <= 16  # 1 s of pcm16 16 kHz (the resampler's edge)
-        await store.get(http, url, DefaultLimits(allow_private=True, max_redirects=0), PCMU_8K)
+        await store.get(http, url, replace(LIMITS, max_redirects=0), PCMU_8K)
         assert store.fetches == 4 and len(server.requests) == 4
 
 
@@ -115,7 +111,7 @@ async def test_a_failed_fetch_reaches_every_waiter_and_is_not_kept(
         results = await asyncio.gather(*waiting, return_exceptions=True)
         assert all(isinstance(r, FetchError) for r in results), results
         with pytest.raises(FetchError):
-            await store.get(http, f"{base}/missing.wav", DefaultLimits(allow_private=True), PCMU_8K)
+            await store.get(http, f"{base}/missing.wav", LIMITS, PCMU_8K)
         assert store.fetches == 2 and store.kept_bytes == 0
 
 
@@ -138,22 +134,16 @@ async def test_the_store_keeps_at_most_its_bound_least_recently_used_first(
     _, base = media
     store = MusicStore(VirtualClock(), max_bytes=20000)
     async with httpx.AsyncClient() as http:
+        await store.get(http, f"{base}/tone.wav", LIMITS, PCMU_8K)  # 8,000 bytes
         await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
-        )  # 8,000 bytes
-        await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True, max_redirects=1), PCMU_8K
+            http, f"{base}/tone.wav", replace(LIMITS, max_redirects=1), PCMU_8K
         )  # 8,000
+        await store.get(http, f"{base}/tone.wav", LIMITS, PCMU_8K)  # used again: newest
         await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K
-        )  # used again: newest
-        await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True, max_redirects=2), PCMU_8K
+            http, f"{base}/tone.wav", replace(LIMITS, max_redirects=2), PCMU_8K
         )  # evicts one
         assert store.kept_bytes == 16000 and store.fetches == 3
-        await store.get(http, f"{base}/tone.wav", DefaultLimits(allow_private=True), PCMU_8K)
+        await store.get(http, f"{base}/tone.wav", LIMITS, PCMU_8K)
         assert store.fetches == 3  # the least recently used one went, not this one
-        wide = await store.get(
-            http, f"{base}/tone.wav", DefaultLimits(allow_private=True), AudioFormat("pcm16", 16000)
-        )
+        wide = await store.get(http, f"{base}/tone.wav", LIMITS, AudioFormat("pcm16", 16000))
         assert len(wide) > 20000 and store.kept_bytes <= 20000  # served, too big to keep
