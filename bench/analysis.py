@@ -63,6 +63,13 @@ def _b64_len(payload: str) -> int:
 LOST_BURSTS_KEPT = 20
 #: How far before a lost burst's send the caller's arrivals are listed (``just_before_ms``).
 LOOK_BEFORE_S = 0.1
+#: Arrivals this little before a burst's stamped send count as the burst's. The caller's kernel
+#: stamps reach the monotonic clock through a bracketed offset (bench/stamped.py), so a frame
+#: the gateway forwards at once can be dated a hair before the send it answers: on 2 December
+#: 2026 a Twilio-dialect step counted one frame lost that arrived "0.0 ms" before its burst's
+#: send, every other frame of the burst there. No frame of the burst before can arrive then in
+#: a step that keeps the bars: bursts start 5 s apart and play for about 2 s.
+STAMP_SLACK_S = 0.002
 
 
 @dataclass
@@ -274,19 +281,20 @@ def _lost_burst(
     the first and last arrival, every gap over two frames, and every message that was not one
     whole frame."""
     burst = script.bursts[index]
-    arrivals = [(t, n) for t, n in media if burst.sent_at <= t < end]
+    start = burst.sent_at - STAMP_SLACK_S
+    arrivals = [(t, n) for t, n in media if start <= t < end - STAMP_SLACK_S]
     gaps = [
         [round((a - burst.sent_at) * 1000, 1), round((b - a) * 1000, 1)]
         for (a, _), (b, _) in itertools.pairwise(arrivals)
         if b - a > 2 * FRAME_S
     ]
     odd = [[round((t - burst.sent_at) * 1000, 1), n] for t, n in arrivals if n != FRAME_BYTES]
-    # What reached the caller just before the burst was stamped as sent: a frame of the burst
-    # counted as the previous one's would show here, a few ms or less before 0.
+    # What reached the caller before the burst was stamped as sent, beyond the stamps' slack: a
+    # frame of the burst counted as the previous one's would show here.
     before = [
         round((t - burst.sent_at) * 1000, 1)
         for t, _ in media
-        if burst.sent_at - LOOK_BEFORE_S <= t < burst.sent_at
+        if burst.sent_at - LOOK_BEFORE_S <= t < start
     ]
     previous = script.bursts[index - 1] if index > 0 else None
     return {
@@ -406,7 +414,10 @@ def _analyse_one(
             out.done_missing += 1
             continue
         end = bursts[i + 1].sent_at if i + 1 < len(bursts) else t1
-        outcome = BurstOutcome(expected, audio_frames_between(media, burst.sent_at, end))
+        outcome = BurstOutcome(
+            expected,
+            audio_frames_between(media, burst.sent_at - STAMP_SLACK_S, end - STAMP_SLACK_S),
+        )
         outcomes.append(outcome)
         out.expected_by_kind[burst.kind] = out.expected_by_kind.get(burst.kind, 0) + expected
         out.lost_by_kind[burst.kind] = out.lost_by_kind.get(burst.kind, 0) + outcome.lost

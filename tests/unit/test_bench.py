@@ -301,14 +301,23 @@ def test_a_burst_that_lost_frames_is_described() -> None:
     assert CallerFigures.from_wire(figures.to_wire()).lost_bursts == figures.lost_bursts
 
 
-def test_a_frame_stamped_before_its_burst_is_listed_as_just_before() -> None:
-    # The burst is stamped as sent at 9.99 s; its first frame reaches the caller 1 ms before
-    # that (a clock error of the stamps): the burst lacks it, and the description shows where.
+def test_a_frame_stamped_a_hair_before_its_burst_counts_for_it() -> None:
+    # The burst is stamped as sent at 9.99 s; its first frame is dated 1 ms before that (the
+    # stamps' clock error, within STAMP_SLACK_S): it is the burst's, and nothing is lost.
     arrivals = [9.989, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
+    figures = _one_call_over_the_window(arrivals)
+    assert figures.frames_lost == 0 and figures.lost_bursts == []
+
+
+def test_a_frame_stamped_well_before_its_burst_is_listed_as_just_before() -> None:
+    # 5 ms before the send is beyond any stamp error: the burst lacks that frame, and the
+    # description shows where it went.
+    arrivals = [9.985, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
     figures = _one_call_over_the_window(arrivals)
     assert figures.frames_lost == 1
     (lost,) = figures.lost_bursts
-    assert lost["just_before_ms"] == [pytest.approx(-1.0)]
+    assert lost["just_before_ms"] == [pytest.approx(-5.0)]
+    assert lost["messages"] == 99 and lost["first_ms"] == pytest.approx(10.0)
 
 
 def test_figures_travel_and_merge() -> None:
