@@ -273,16 +273,16 @@ def _lost_burst(
     index: int,
     outcome: BurstOutcome,
     media: Sequence[tuple[float, int]],
-    end: float,
+    span: tuple[float, float],
     *,
     window_start: float,
 ) -> dict[str, Any]:
-    """What reached the caller during one burst that lost frames (times in ms from its send):
-    the first and last arrival, every gap over two frames, and every message that was not one
-    whole frame."""
+    """What reached the caller during one burst that lost frames (``span``: the arrivals that
+    count as the burst's; times in ms from its send): the first and last arrival, every gap over
+    two frames, and every message that was not one whole frame."""
     burst = script.bursts[index]
-    start = burst.sent_at - STAMP_SLACK_S
-    arrivals = [(t, n) for t, n in media if start <= t < end - STAMP_SLACK_S]
+    start, stop = span
+    arrivals = [(t, n) for t, n in media if start <= t < stop]
     gaps = [
         [round((a - burst.sent_at) * 1000, 1), round((b - a) * 1000, 1)]
         for (a, _), (b, _) in itertools.pairwise(arrivals)
@@ -414,16 +414,14 @@ def _analyse_one(
             out.done_missing += 1
             continue
         end = bursts[i + 1].sent_at if i + 1 < len(bursts) else t1
-        outcome = BurstOutcome(
-            expected,
-            audio_frames_between(media, burst.sent_at - STAMP_SLACK_S, end - STAMP_SLACK_S),
-        )
+        span = (burst.sent_at - STAMP_SLACK_S, end - STAMP_SLACK_S)
+        outcome = BurstOutcome(expected, audio_frames_between(media, *span))
         outcomes.append(outcome)
         out.expected_by_kind[burst.kind] = out.expected_by_kind.get(burst.kind, 0) + expected
         out.lost_by_kind[burst.kind] = out.lost_by_kind.get(burst.kind, 0) + outcome.lost
         if outcome.lost and len(out.lost_bursts) < LOST_BURSTS_KEPT:
             out.lost_bursts.append(
-                _lost_burst(call, script, i, outcome, media, end, window_start=t0)
+                _lost_burst(call, script, i, outcome, media, span, window_start=t0)
             )
         if outcome.received_frames == 0:
             silent_bursts += 1

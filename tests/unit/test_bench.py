@@ -310,8 +310,8 @@ def test_a_frame_stamped_a_hair_before_its_burst_counts_for_it() -> None:
 
 
 def test_a_frame_stamped_well_before_its_burst_is_listed_as_just_before() -> None:
-    # 5 ms before the send is beyond any stamp error: the burst lacks that frame, and the
-    # description shows where it went.
+    # 5 ms before the send is beyond the slack: the burst lacks that frame, and the description
+    # shows where it went.
     arrivals = [9.985, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
     figures = _one_call_over_the_window(arrivals)
     assert figures.frames_lost == 1
