@@ -5,8 +5,8 @@ uvicorn's ASGI WebSocket layer every one of them cost a message dict, an ``async
 put/get, a ``pause_reading``/``resume_reading`` pair, Starlette's middleware frames, a ``str``
 decode, and on the way out a writer task's wake-up and a ``str`` that uvicorn encoded back to
 bytes. py-spy on the gateway at 100 calls put that machinery at about 19 % of its CPU
-(docs/PERFORMANCE.md, "Bottleneck"). Here a route's frames go from the socket to its handler in
-one synchronous call, and its output goes out with one ``transport.write``.
+(docs/performance-history.md, the first session). Here a route's frames go from the socket to
+its handler in one synchronous call, and its output goes out with one ``transport.write``.
 
 How it plugs into uvicorn (0.54; what this module relies on):
 
