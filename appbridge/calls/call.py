@@ -46,6 +46,7 @@ from appbridge.calls.bridge import Bridge
 from appbridge.calls.commands import CommandHandler
 from appbridge.calls.control import CallControl
 from appbridge.calls.listening import Ears
+from appbridge.calls.state import CallState, Lifecycle
 from appbridge.calls.transfer import TransferFlow
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
@@ -104,7 +105,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.carrier = carrier
         self.metadata: dict[str, Any] = metadata or {}
         self.session_ref: str | None = None
-        self.state = "dialing"
+        self.lifecycle = Lifecycle(call_ref)
         self.end_reason: sv1.EndReason | None = None
         self.started_wall = gw.clock.wall()
         self.ended_wall: float | None = None
@@ -138,6 +139,25 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.frames_in = 0
         self.frames_out = 0
 
+    # -- state (calls/state.py) ---------------------------------------------------------------
+    @property
+    def state(self) -> CallState:
+        """Read only: the engine moves it (``lifecycle.move``), carriers report to it."""
+        return self.lifecycle.state
+
+    @property
+    def over(self) -> bool:
+        """Ending or ended: nothing new may start on this call."""
+        return self.lifecycle.over
+
+    def carrier_ringing(self) -> None:
+        """An outbound callee is ringing (a late report changes nothing)."""
+        self.lifecycle.ringing()
+
+    def carrier_answered(self) -> bool:
+        """An outbound callee answered. False when the call was past answering already."""
+        return self.lifecycle.answered()
+
     # -- description (REST API) -------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         return {
@@ -150,7 +170,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             "carrier": self.carrier,
             "started": _iso(self.started_wall),
             "ended": _iso(self.ended_wall) if self.ended_wall else None,
-            "state": self.state,
+            "state": self.state.value,
             "endReason": self.end_reason,
             "onHold": self.control.on_hold,
             "handoffs": self.control.handoffs,
@@ -271,7 +291,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         if self.link is not None:
             self._start_session(handoff=None)
         elif self.fallback_message is not None:
-            self.state = "fallback"
+            self.lifecycle.move(CallState.FALLBACK)
             self.commands.speak_fallback(self.fallback_message)
         else:
             self.spawn(self.end("error"), "end-no-app")
@@ -279,7 +299,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def _start_session(self, handoff: Any) -> None:
         assert self.link is not None
         self.session_ref = str(uuid.uuid4())
-        self.state = "active"
+        self.lifecycle.move(CallState.ACTIVE)
         self._session_started_at = self.gw.clock.now()
         app = self.app
         self.encoder = encoder_for(app.protocol, app.workspace_ref)
@@ -380,7 +400,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def _deliver(self, payload: bytes) -> None:
         """One frame in the caller leg's format to the app, its ears and its listeners."""
         link = self.link
-        if link is None or self.state != "active":
+        if link is None or self.lifecycle.state is not CallState.ACTIVE:
             return
         conv = self._in_conv
         assert conv is not None
@@ -407,7 +427,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
 
     def on_carrier_dtmf(self, digit: str) -> None:
         # Keypresses arrive at any time, on hold too (seed 004 ``hold``).
-        if self.state == "active":
+        if self.lifecycle.state is CallState.ACTIVE:
             self.send_event(sv1.DtmfEvent(digit=digit))
 
     def on_carrier_hangup(self) -> None:
@@ -592,7 +612,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         log.info("call %s: caller and new party bridged", self.call_ref)
 
     def _bridge_done(self) -> None:
-        if self.state == "bridged":
+        if self.lifecycle.state is CallState.BRIDGED:
             self._finish()
         # else: the session is still closing; ``end`` finishes the call when it is done
 
@@ -639,7 +659,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             log.info("call %s handed off to %s", self.call_ref, result.app.ref)
         else:
             assert result.message is not None
-            self.state = "fallback"
+            self.lifecycle.move(CallState.FALLBACK)
             self.commands.speak_fallback(result.message)
 
     def _close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
@@ -680,7 +700,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             return
         self._ending = True
         self.end_reason = reason
-        self.state = "ending"
+        self.lifecycle.move(CallState.ENDING)
         if self._clock_key is not None:
             self.gw.media_clock.unsubscribe(self._clock_key)
             self._clock_key = None
@@ -702,7 +722,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             if self.bridge.done:
                 self._finish(count=False)
             else:
-                self.state = "bridged"
+                self.lifecycle.move(CallState.BRIDGED)
             log.info("call %s: session ended (%s); the call stays bridged", self.call_ref, reason)
             return
         if self.leg is not None and not carrier_gone:
@@ -720,7 +740,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         if self.ended.is_set():
             return
         reason = self.end_reason or "error"
-        self.state = "ended"
+        self.lifecycle.move(CallState.ENDED)
         self.ended_wall = self.gw.clock.wall()
         self.gw.registry.remove(self)
         if count and self.bridge is None:

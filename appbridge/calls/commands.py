@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from appbridge.calls.state import CallState
 from appbridge.calls.transfer import MUSIC_MAX_MS, TransferFlow, music_queue
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.dtmf import dtmf_pcm16
@@ -381,7 +382,7 @@ class CommandHandler:
             self.emit(queue.discard_item(item_id))
         if item_id not in self._internal_items:
             self.call.send_error(code, message, relates_to)
-        elif self.call.state == "fallback":
+        elif self.call.state is CallState.FALLBACK:
             self.call.spawn(self.call.end("error"), "end-fallback")
 
     def _mark(self, cmd: sv1.MarkCommand) -> None:
@@ -579,7 +580,7 @@ class CommandHandler:
             if ev.item_id in self._internal_items:
                 if isinstance(ev, OutputDone | OutputInterrupted):
                     self._internal_items.discard(ev.item_id)
-                    if call.state == "fallback":
+                    if call.state is CallState.FALLBACK:
                         call.spawn(call.end("error"), "end-fallback")
                 continue
             if isinstance(ev, OutputStarted):

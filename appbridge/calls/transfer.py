@@ -149,7 +149,7 @@ class TransferFlow:
         finally:
             self._dial = None
             self.deadline = None
-        if self.finished or call.state in ("ending", "ended"):
+        if self.finished or call.over:
             await _hang_up(party)
             return
         if self.mode == "cold":
@@ -246,7 +246,7 @@ class TransferFlow:
             self.caller_waiting = False
             call.stop_transfer_wait()
         call.transfer_over(self)
-        if call.state not in ("ending", "ended"):
+        if not call.over:
             call.send_error(exc.code, str(exc), self.relates_to)  # type: ignore[arg-type]
 
 

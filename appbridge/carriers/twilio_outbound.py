@@ -417,7 +417,7 @@ class TwilioOutbound:
         """Bring an app call's record in line with its dial's progress."""
         call = d.call
         assert call is not None
-        if call.state in ("ending", "ended"):
+        if call.over:
             return
         p = d.progress
         if p.outcome is not None:
@@ -435,11 +435,10 @@ class TwilioOutbound:
                 self.gw.registry.set_final_fields(call.call_ref, fields)
             call.spawn(call.end("caller_hangup", carrier_gone=True), "end-before-session")
             return
-        if p.phase == "ringing" and call.state == "dialing":
-            call.state = "ringing"
-        elif p.phase in ("answered", "ended") and call.state in ("dialing", "ringing"):
+        if p.phase == "ringing":
+            call.carrier_ringing()
+        elif p.phase in ("answered", "ended") and call.carrier_answered():
             self.gw.registry.clear_final_fields(call.call_ref)
-            call.state = "answered"
         if d.leg is not None and not d.connecting:
             d.connecting = True
             call.spawn(self._connect(d, d.leg), "twilio-outbound-connect")
@@ -449,7 +448,7 @@ class TwilioOutbound:
         call = d.call
         assert call is not None
         answered = await call.connect_app()
-        if call.state in ("ending", "ended"):
+        if call.over:
             return
         if not answered:
             self.gw.registry.set_final_fields(

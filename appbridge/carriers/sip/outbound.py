@@ -165,16 +165,15 @@ class _CallOwner:
         self.label = f"call {call.call_ref}"
 
     def wants_answer(self) -> bool:
-        return self.call.state not in ("ending", "ended")
+        return not self.call.over
 
     def ringing(self, d: UacDial) -> None:
-        if self.call.state == "dialing":
-            self.call.state = "ringing"
+        self.call.carrier_ringing()
 
     def answered(self, d: UacDial, leg: SipLeg) -> None:
         call = self.call
         self.outbound.gw.registry.clear_final_fields(call.call_ref)
-        call.state = "answered"
+        call.carrier_answered()
         leg.signalling = self.outbound.signalling_for(d, call)
         call.spawn(self._connect(d, leg), "sip-outbound-connect")
 
@@ -182,7 +181,7 @@ class _CallOwner:
         """The callee answered: now the app is dialed and the session opens (module doc)."""
         call = self.call
         answered = await call.connect_app()
-        if call.state in ("ending", "ended") or d.bye_sent:
+        if call.over or d.bye_sent:
             return
         if not answered:
             self.outbound.gw.registry.set_final_fields(
@@ -198,7 +197,7 @@ class _CallOwner:
         call = self.call
         fields: dict[str, Any] = {"state": outcome, "endReason": outcome, "sipStatus": status}
         self.outbound.gw.registry.set_final_fields(call.call_ref, fields)
-        if call.state not in ("ending", "ended"):
+        if not call.over:
             call.spawn(call.end(reason, carrier_gone=True), f"end-{outcome}")
 
     def remote_bye(self, d: UacDial) -> None:
