@@ -26,7 +26,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "appbridge.apps.dialects",
     "appbridge.apps.link",
     "appbridge.calls.call",
-    "appbridge.calls.commands",
     "appbridge.calls.listening",
     "appbridge.clock",
     "appbridge.carriers.sip.jitter",

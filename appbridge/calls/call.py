@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -43,10 +44,10 @@ from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, enco
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.bridge import Bridge
-from appbridge.calls.commands import CommandHandler
-from appbridge.calls.control import CallControl
+from appbridge.calls.commands import CommandShell
+from appbridge.calls.core import CallCore
 from appbridge.calls.listening import Ears
-from appbridge.calls.state import CallState, Lifecycle
+from appbridge.calls.state import CallState
 from appbridge.calls.transfer import TransferFlow
 from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
@@ -55,6 +56,7 @@ from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
 from appbridge.net.plaintext import redact_url
 from appbridge.protocol import session_v1 as sv1
+from appbridge.speech.base import TtsProvider, VoiceInfo
 from appbridge.weakable import Weakable
 
 if TYPE_CHECKING:
@@ -105,7 +107,6 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.carrier = carrier
         self.metadata: dict[str, Any] = metadata or {}
         self.session_ref: str | None = None
-        self.lifecycle = Lifecycle(call_ref)
         self.end_reason: sv1.EndReason | None = None
         self.started_wall = gw.clock.wall()
         self.ended_wall: float | None = None
@@ -123,8 +124,18 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.session_format = session_format_for(app)
         self.encoder: Encoder = encoder_for(app.protocol, app.workspace_ref)
         self._session_started_at = 0.0
-        self.control = CallControl()
-        self.commands = CommandHandler(self)
+        sip = self.config.sip
+        self.core = CallCore(
+            call_ref,
+            _Services(self),
+            session_format=self.session_format,
+            app_refs=frozenset(self.config.apps),
+            trunk_hosts=frozenset(t.host for t in sip.trunks) if sip is not None else frozenset(),
+        )
+        self.lifecycle = self.core.life
+        self.control = self.core.control
+        self.heard = self.core.heard
+        self.commands = CommandShell(self)
         self._clock_key: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ending = False
@@ -269,10 +280,10 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         fmt = session_format_for(app)
         if fmt != self.session_format:
             self.session_format = fmt
+            self.core.set_session_format(fmt)
             self._sync_ears()
             if self.leg is not None:
                 self._build_converters(self.leg.audio_format)
-                self.commands.on_session_format(fmt)
 
     def _build_converters(self, carrier_fmt: AudioFormat) -> None:
         self._in_conv = FrameConverter(carrier_fmt, self.session_format)
@@ -282,8 +293,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def attach_carrier(self, leg: CarrierLeg) -> None:
         self.leg = leg
         fmt = leg.audio_format
-        self.queue = OutputQueue(fmt.frame_bytes(20), fmt.silence(20))
-        self.commands.on_queue_ready(self.queue, fmt)
+        self.queue = self.core.attach(fmt)
         self._build_converters(fmt)
         self._sync_ears()
         leg.attach(self)
@@ -292,7 +302,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self._start_session(handoff=None)
         elif self.fallback_message is not None:
             self.lifecycle.move(CallState.FALLBACK)
-            self.commands.speak_fallback(self.fallback_message)
+            self.commands.run(self.core.speak_fallback(self.fallback_message))
         else:
             self.spawn(self.end("error"), "end-no-app")
 
@@ -362,9 +372,9 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def on_app_text(self, data: bytes) -> None:
         try:
             if self.encoder.protocol == "twilio":
-                self.commands.on_twilio_text(data)
+                self.commands.run(self.core.on_twilio_text(data))
             else:
-                self.commands.on_text(data)
+                self.commands.run(self.core.on_text(data))
         except Exception:
             log.exception("call %s: command failed", self.call_ref)
             self.send_error("internal", "the gateway failed to carry out this message", "unknown")
@@ -376,7 +386,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             log.warning("call %s: binary frame from a Twilio-dialect app ignored", self.call_ref)
             return
         try:
-            self.commands.on_audio(data)
+            self.commands.run(self.core.on_audio(data))
         except Exception:
             log.exception("call %s: app audio failed", self.call_ref)
 
@@ -446,10 +456,9 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         leg, queue = self.leg, self.queue
         if leg is None or queue is None:
             return
-        commands = self.commands
-        heard = commands.heard
+        heard = self.heard
         if heard.holding:
-            commands.on_tick(tick)  # events held for a carrier's lead, heard by now
+            self.commands.run(self.core.on_tick(tick))  # events held for a lead, heard by now
         else:
             heard.tick = tick
         transfer = self.transfer
@@ -483,11 +492,11 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         app_output = queue is self.queue
         # On a leg with a lead, remember whose each frame is: a ``clear`` then knows what of
         # each item the far end never played (``media/pacing.py``, ``HeardLine``).
-        heard = self.commands.heard if app_output and leg.lead_frames else None
+        heard = self.heard if app_output and leg.lead_frames else None
         for _ in range(leg.frames_wanted(not queue.is_empty)):
             frame, events = queue.pull_frame()
             if events and app_output:
-                self.commands.on_output_events(events)
+                self.commands.run(self.core.on_output_events(events))
             if frame is None:
                 break
             self.frames_out += 1
@@ -556,7 +565,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         party = self._party
         self._party = None
         self._party_in = self._party_out = None
-        if party is not None and self.commands.queue is not None:
+        if party is not None and self.queue is not None:
             party.clear_output()
         self.stop_hold()
 
@@ -617,40 +626,33 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         # else: the session is still closing; ``end`` finishes the call when it is done
 
     async def handoff(self, target_ref: str, payload: Any, command_id: str | None) -> None:
-        """Seed 004 ``handoff``: the call and the carrier leg stay up; only the app link changes."""
+        """``handoff`` (docs/protocol-session-v1.md, "Call control"), accepted by the core: the
+        call and the carrier leg stay up; only the app link changes."""
         relates_to = command_id or "handoff"
-        target = self.config.apps.get(target_ref)
-        if target is None:
-            self.send_error("bad_message", f"handoff: unknown app {target_ref!r}", relates_to)
-            return
-        limit = self.control.begin_handoff()
-        if limit is not None:
-            self.send_error("bad_message", f"handoff: {limit}", relates_to)
-            return
-        result = await self.dial_app(target)
+        result = await self.dial_app(self.config.apps[target_ref])
         if self._ending:
-            self.control.end_handoff(False)
+            self.core.handoff_over(False)
             if result.link is not None:
                 result.link.close(1001, "call ended")
             return
         if result.link is None and result.message is None:
-            self.control.end_handoff(False)
+            self.core.handoff_over(False)
             self.send_error(
                 "internal",
                 f"handoff: app {target_ref!r} and its fallbacks are unreachable",
                 relates_to,
             )
             return
-        self.control.end_handoff(True)
+        self.core.handoff_over(True)
         self._close_session("handoff", command_id)
-        self.commands.reset_output()
+        self.commands.run(self.core.reset_output())
         if self.control.resume():
             self.stop_hold()
         if result.link is not None and result.app is not None:
             self.link = result.link
             # The new app listens as its own configuration says, from a fresh start: nothing it
             # did not subscribe to, and none of the old app's listen.update.
-            self.commands.reset_listening()
+            self.core.reset_listening()
             if self.ears is not None:
                 ears, self.ears = self.ears, None
                 self.spawn(ears.close(), "ears-close")
@@ -660,7 +662,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         else:
             assert result.message is not None
             self.lifecycle.move(CallState.FALLBACK)
-            self.commands.speak_fallback(result.message)
+            self.commands.run(self.core.speak_fallback(result.message))
 
     def _close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
         """``session.end`` to the app and its listeners, then close them."""
@@ -704,7 +706,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         if self._clock_key is not None:
             self.gw.media_clock.unsubscribe(self._clock_key)
             self._clock_key = None
-        self.commands.shutdown()
+        self.commands.run(self.core.shutdown())
         if self.ears is not None:
             await self.ears.close()
         current = asyncio.current_task()
@@ -765,6 +767,36 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.bridge = None
         self.queue = self.hold_queue = None
         self._in_conv = self._out_conv = self._party_in = self._party_out = None
+
+
+class _Services:
+    """What the call core asks of the world (``calls/core.CoreServices``), answered from the
+    call. It holds the call weakly: the call owns the core, and an ended call must form no
+    reference cycle (media/gc_pacer.py)."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Call) -> None:
+        self._call = weakref.ref(call)
+
+    def _get(self) -> Call:
+        call = self._call()
+        if call is None:
+            raise ReferenceError("the call these services answered for is gone")
+        return call
+
+    def voice_for(
+        self, voice: str | None, language: str | None
+    ) -> tuple[TtsProvider, VoiceInfo, str]:
+        call = self._get()
+        return call.gw.catalog.voice_for(voice, language, call.app.speech)
+
+    def check_language(self, tag: str) -> str:
+        return self._get().gw.catalog.check_language(tag)
+
+    def unplayed_frames(self) -> int:
+        leg = self._get().active_leg()
+        return leg.unplayed_frames() if leg is not None else 0
 
 
 class _PartyEvents:

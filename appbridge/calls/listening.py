@@ -192,7 +192,7 @@ class Ears:
             log.exception("call %s: turn detector failed", self.call.call_ref)
 
     def _subscriptions(self) -> set[str]:
-        return self.call.commands.subscriptions
+        return self.call.core.subscriptions
 
     # -- control
     def pause(self) -> None:

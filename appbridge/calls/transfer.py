@@ -165,7 +165,7 @@ class TransferFlow:
         """What the caller hears while waiting: ``music`` when given (fetched in the
         background, silence until it arrives), else ringback (cold) or silence (warm)."""
         commands = self.call.commands
-        fmt = commands.out_format
+        fmt = self.call.core.out_format
         assert fmt is not None
         queue = music_queue(fmt)
         if self.music:

@@ -66,7 +66,7 @@ def far(rig: Rig) -> LeadLeg:
 
 
 def queue_of(rig: Rig) -> OutputQueue:
-    queue = rig.call.commands.queue
+    queue = rig.call.queue
     assert queue is not None
     return queue
 
