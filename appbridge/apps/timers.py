@@ -1,4 +1,4 @@
-"""Sans-I/O timing rules of the app link (seed 004, "Connecting" and "Keepalive").
+"""Sans-I/O timing rules of the app link (docs/protocol-session-v1.md, "Connection and frames").
 
 Both cores take ``now`` and report deadlines; the asyncio shell arms one ``loop.call_at`` per
 deadline. Tests step a virtual clock and assert exact instants.
@@ -23,7 +23,7 @@ class KeepaliveAction(enum.Enum):
 class Keepalive:
     """Ping every 10 s; a socket from which nothing (no pong, no frame) arrived for 30 s is dead.
 
-    Seed 004, "Keepalive". Pings go out on a fixed 10 s cadence from the moment the link opened;
+    Pings go out on a fixed 10 s cadence from the moment the link opened;
     any received frame or pong counts as a sign of life.
     """
 

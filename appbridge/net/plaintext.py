@@ -1,8 +1,8 @@
 """The plaintext ``ws://`` rule for app and listener links, and URL redaction for logs.
 
-App links carry the caller's audio, transcripts and the app's commands, so plaintext is refused
-off the private network. INTERFACES §4 ("Plaintext app links") adopts seed 000's transport rule
-("Transport and connection") word for word. A ``ws://`` URL is accepted only when its host is:
+App links carry the caller's audio, transcripts and the app's commands, so plaintext is refused off
+the private network (docs/configuration.md, "The plaintext `ws://` rule"). A ``ws://`` URL is
+accepted only when its host is:
 
 - an IPv4 loopback (127/8), RFC 1918 (10/8, 172.16/12, 192.168/16) or link-local (169.254/16)
   address;
@@ -159,7 +159,7 @@ def parse_authority(url: str) -> UrlAuthority | None:
 
 
 def redact_url(url: str) -> str:
-    """``scheme://host:port`` of ``url``, for logs and reports (seed 000).
+    """``scheme://host:port`` of ``url``, for logs and reports.
 
     Userinfo, path, query and fragment may carry credentials, so they never appear; an
     unparseable URL is reported as ``<invalid url>`` rather than echoed.
@@ -182,7 +182,7 @@ def plaintext_allowed(url: str) -> tuple[bool, str | None]:
 
 
 def check_plaintext(url: str) -> PlaintextVerdict:
-    """The rule with its reasons (INTERFACES §4, seed 000 "Transport and connection")."""
+    """The rule with its reasons (docs/configuration.md, "The plaintext `ws://` rule")."""
     authority = parse_authority(url)
     if authority is None:
         scheme = url.partition("://")[0].lower()
