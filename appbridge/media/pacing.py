@@ -1,5 +1,5 @@
-"""How many frames a carrier leg takes per media-clock tick (DESIGN.md, "The media path"), and
-when the output events of what it took were heard.
+"""How many frames a carrier leg takes per media-clock tick (docs/protocol-session-v1.md, "Output
+events"), and when the output events of what it took were heard.
 
 A carrier that buffers (Twilio plays what it receives in order) is kept a small, fixed lead ahead
 of its playout: enough that a late tick never leaves the caller with a gap. The estimate of the
