@@ -23,8 +23,8 @@ are 8.8.8.8, although they read as single-label names. Such hosts are decoded th
 URL standard decodes them ("ends in a number" rule) and judged by the address they denote.
 Characters that parsers disagree about (backslash, whitespace, controls) make the URL invalid.
 
-Seed 000 also says the server reports an app URL as ``scheme://host:port`` only (no userinfo,
-path or query, which may hold tokens): :func:`redact_url`.
+Logs and reports show an app URL as ``scheme://host:port`` only (docs/configuration.md) (no
+userinfo, path or query, which may hold tokens): :func:`redact_url`.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def check_plaintext(url: str) -> PlaintextVerdict:
 
 def _check_ipv6(address: ipaddress.IPv6Address, zone: str | None) -> PlaintextVerdict:
     if zone is not None:
-        # Seed 000: a zone counts only on a link-local address; a public one stays public.
+        # A zone counts only on a link-local address; a public one stays public.
         if address in _LINK_LOCAL_V6:
             return PlaintextVerdict(True)
         return PlaintextVerdict(

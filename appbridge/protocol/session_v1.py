@@ -94,7 +94,8 @@ __all__ = [
 PROTOCOL: Final = "fonoster.session.v1"
 
 MAX_ID_CHARS: Final = 128
-"""Seed 004, "Frames": commands may carry an ``id``, any string up to 128 characters."""
+"""Commands may carry an ``id``, any string up to 128 characters (docs/protocol-session-v1.md,
+"Limits")."""
 
 MAX_TEXT_FRAME_BYTES: Final = 65536
 """Largest JSON text frame accepted from an app (64 KiB; docs/protocol-session-v1.md, "Limits")."""
@@ -103,7 +104,7 @@ MAX_BINARY_FRAME_BYTES: Final = 1 << 20
 """Largest binary audio frame accepted from an app (1 MiB, about 33 s of pcm16 at 16 kHz)."""
 
 MAX_HANDOFF_PAYLOAD_BYTES: Final = 16384
-"""Seed 004, "Call control": a ``handoff`` payload is JSON of at most 16 KB (read as KiB),
+"""docs/protocol-session-v1.md, "Limits": a ``handoff`` payload is JSON of at most 16 KiB,
 measured as its compact JSON encoding."""
 
 DTMF_PAUSE_MS: Final = 500
@@ -155,7 +156,8 @@ ERROR_CODE_MEANINGS: Final[dict[str, str]] = {
 ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
 
 OPT_IN_EVENTS: Final[frozenset[str]] = frozenset({"turn.estimate", "transcript.partial"})
-"""Seed 004, "subscribe": the events an app receives only after subscribing to them."""
+"""docs/protocol-session-v1.md, ``subscribe``: the events an app receives only after subscribing to
+them."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,7 +595,8 @@ def encode_command(command: Command) -> bytes:
 def error_event(
     code: ErrorCode, message: str, relates_to: str | None, *, fatal: bool = False
 ) -> bytes:
-    """Encodes an ``error`` event. Seed 004, "Errors": no error is fatal in this version."""
+    """Encodes an ``error`` event. No error is fatal in this version (docs/protocol-session-v1.md,
+    "Errors")."""
     return _encoder.encode(
         ErrorEvent(code=code, message=message, fatal=fatal, relates_to=relates_to)
     )

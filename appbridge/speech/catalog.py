@@ -39,7 +39,7 @@ from appbridge.speech.providers.local import LocalTtsProvider
 if TYPE_CHECKING:
     from appbridge.config import Config
 
-# Seed 004 caps every id at 128 characters; a longer "tag" is not worth parsing.
+# The session protocol caps every id at 128 characters; a longer "tag" is not worth parsing.
 MAX_LANGUAGE_TAG_CHARS = 128
 
 
