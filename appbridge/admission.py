@@ -1,6 +1,7 @@
-"""Admission control (issue 7): past a configured cap of live calls, or while the process uses
-more than ``server.max_cpu_percent`` of a core, new calls are refused cleanly (SIP 503 with
-Retry-After; Twilio TwiML ``<Reject>``) so the calls already up keep their quality.
+"""Admission control (docs/configuration.md, ``[server]`` "Admission control"): past a configured
+cap of live calls, or while the process uses more than ``server.max_cpu_percent`` of a core, new
+calls are refused cleanly (SIP 503 with Retry-After; Twilio TwiML ``<Reject>``) so the calls already
+up keep their quality.
 
 ``CpuLoad`` is sans-I/O: it is fed ``(now, process CPU seconds)`` samples and answers the CPU
 percentage over the last ``window_s`` seconds; the gateway samples it once a second.

@@ -1,9 +1,10 @@
-"""The ``appbridge`` command line (INTERFACES §2).
+"""The ``appbridge`` command line (docs/operations.md, "Running the gateway").
 
-``serve`` runs the gateway, ``check-config`` validates a file and lists every problem with its
-key path, ``sign`` prints the two ``X-Fonoster-*`` headers so an app developer can test their
-verification (seed 004, "Verifying the connection"). Exit codes: 0 success, 1 an invalid file
-given to ``check-config``, 2 a usage error or an invalid configuration given to ``serve``.
+``serve`` runs the gateway, ``check-config`` validates a file and lists every problem with its key
+path, ``sign`` prints the two ``X-Fonoster-*`` headers so an app developer can test their
+verification (docs/configuration.md, "Signing headers: `appbridge sign`"). Exit codes: 0 success, 1
+an invalid file given to ``check-config``, 2 a usage error or an invalid configuration given to
+``serve``.
 
 Heavy modules (the server, the speech catalog) are imported inside the commands that need them,
 so ``check-config`` and ``sign`` answer quickly and work without the server's dependencies.

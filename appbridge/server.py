@@ -1,12 +1,13 @@
-"""``appbridge serve``: the asyncio shell around the gateway (INTERFACES §2).
+"""``appbridge serve``: the asyncio shell around the gateway (docs/operations.md).
 
 uvicorn serves the Starlette app on uvloop with the sans-I/O websockets implementation, and the
 Twilio Media Stream beside it without the ASGI layer (``http/ws_fastpath.py``). Signals are the
 gateway's own, not uvicorn's:
 
 * SIGHUP reloads the configuration file: a valid one replaces apps, numbers and secrets for new
-  calls at once (seed 004: "Rotating the signing secret takes effect immediately"); live calls go
-  on untouched; an invalid one is refused with its problems logged and the old one stays.
+  calls at once (a rotated signing secret takes effect immediately; docs/operations.md, "Signals");
+  live calls go on untouched; an invalid one is refused with its problems logged and the old one
+  stays.
 * SIGTERM drains: ``/readyz`` answers 503, new calls are refused, live calls may finish for
   ``server.drain_timeout_s``; then the rest are ended and the process exits. A second SIGTERM, or
   SIGINT, stops at once.
@@ -108,7 +109,7 @@ async def run_gateway(
             await gw.stop()
             return 1
         await asyncio.sleep(0.01)
-    # Start-up garbage is long-lived: move it out of the collector's way (DESIGN.md).
+    # Start-up garbage is long-lived: freeze it so later full collections need not walk it.
     gc.collect()
     gc.freeze()
     log.info(

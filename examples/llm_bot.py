@@ -1,9 +1,9 @@
 """A streaming "LLM" bot: replies are generated token by token and spoken as they come.
 
-The "model" is a local text generator that yields words with small delays, as an LLM's streaming
-API does; ``say_stream`` sends them as ``last: false`` pieces of one utterance, so the caller
-starts hearing the reply before it is fully written (seed 004, ``speak``). If the caller talks
-over it, the SDK's automatic barge-in clears it and the generator is closed, so no more tokens
+The "model" is a local text generator that yields words with small delays, as an LLM's streaming API
+does; ``say_stream`` sends them as ``last: false`` pieces of one utterance, so the caller starts
+hearing the reply before it is fully written (docs/protocol-session-v1.md, ``speak``). If the caller
+talks over it, the SDK's automatic barge-in clears it and the generator is closed, so no more tokens
 are paid for. Swap ``generate`` for a real client's stream and the rest stays as is.
 
 Run it next to the gateway (see examples/README.md)::

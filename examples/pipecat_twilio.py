@@ -1,8 +1,8 @@
 """A Pipecat bot built for Twilio Media Streams, answering AppBridge calls unchanged.
 
-AppBridge speaks the exact Twilio Media Streams messages to apps configured with
-``protocol = "twilio"`` (seed 004, "Twilio protocol"), so a Pipecat bot written for Twilio runs
-against it as is. The two settings that matter:
+AppBridge speaks the exact Twilio Media Streams messages to apps configured with ``protocol =
+"twilio"`` (docs/protocol-twilio.md, "Twilio-dialect apps"), so a Pipecat bot written for Twilio
+runs against it as is. The two settings that matter:
 
 - the gateway dials this app's WebSocket (``ws://127.0.0.1:9004/ws`` in
   examples/appbridge.examples.toml), where Pipecat's runner helper reads ``connected`` and

@@ -1,4 +1,5 @@
-"""What goes on the wire toward an app or a listener, per protocol (seed 004).
+"""What goes on the wire toward an app or a listener, per protocol (docs/protocol-session-v1.md,
+docs/protocol-twilio.md).
 
 The call engine speaks in events (the Structs of ``protocol/session_v1``) and audio frames; an
 encoder turns them into the frames of the socket's protocol:

@@ -1,10 +1,10 @@
 """The app link: one WebSocket from the gateway to an app (or a listener), dialed per session.
 
-Seed 004, "Connecting": the gateway dials, signs the request, retries a refusing URL for about
-2.5 s, pings every 10 s and drops a socket silent for 30 s. The link is transport only; what the
-frames mean belongs to the dialect (``calls/``).
+docs/protocol-session-v1.md, "Connection and frames": the gateway dials, signs the request, retries
+a refusing URL for about 2.5 s, pings every 10 s and drops a socket silent for 30 s. The link is
+transport only; what the frames mean belongs to the dialect (``calls/``).
 
-Writes never wait (seed 000, "Backpressure and bounds"): audio is dropped while the socket's
+Writes never wait, so a slow app never stalls the media clock: audio is dropped while the socket's
 write buffer is above ``AUDIO_DROP_ABOVE_BYTES`` (counted, logged once); control messages are
 always written, and a peer whose buffer passes ``DEAD_ABOVE_BYTES`` is given up as too slow.
 """
@@ -35,7 +35,7 @@ WS_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 
 class AppUnreachable(Exception):
     def __init__(self, url: str, attempts: int, last_error: str) -> None:
-        # Only scheme://host:port is ever logged (seed 004 URLs may carry tokens in the path).
+        # Only scheme://host:port is ever logged (app URLs may carry tokens in the path).
         super().__init__(
             f"{redact_url(url)}: unreachable after {attempts} attempt(s): {last_error}"
         )
@@ -210,9 +210,9 @@ async def dial(
     retry: bool = True,
     on_attempt_failed: Callable[[int, str], None] | None = None,
 ) -> AppLink:
-    """Dial ``url``, signing each attempt (seed 004, "Verifying the connection").
+    """Dial ``url``, signing each attempt (docs/protocol-session-v1.md, "Connection and frames").
 
-    With ``retry`` the attempts go on for the 2.5 s window of seed 004; raise AppUnreachable after.
+    With ``retry`` the attempts go on for the 2.5 s retry window; raise AppUnreachable after.
     """
     loop = asyncio.get_running_loop()
     link = AppLink(url, clock, loop)

@@ -1,4 +1,4 @@
-"""Listen-only sockets (seed 004, "Listen-only sockets"; INTERFACES §6 "Listeners").
+"""Listen-only sockets (docs/protocol-session-v1.md, "Listen-only sockets").
 
 An app lists up to 4 listeners. Each is dialed when the session starts, signed with the app's
 secret over the listener's own URL, and receives ``session.start``, every event the app receives

@@ -1,4 +1,4 @@
-"""Sans-I/O timing rules of the app link (seed 004, "Connecting" and "Keepalive").
+"""Sans-I/O timing rules of the app link (docs/protocol-session-v1.md, "Connection and frames").
 
 Both cores take ``now`` and report deadlines; the asyncio shell arms one ``loop.call_at`` per
 deadline. Tests step a virtual clock and assert exact instants.
@@ -23,7 +23,7 @@ class KeepaliveAction(enum.Enum):
 class Keepalive:
     """Ping every 10 s; a socket from which nothing (no pong, no frame) arrived for 30 s is dead.
 
-    Seed 004, "Keepalive". Pings go out on a fixed 10 s cadence from the moment the link opened;
+    Pings go out on a fixed 10 s cadence from the moment the link opened;
     any received frame or pong counts as a sign of life.
     """
 
@@ -63,9 +63,9 @@ class Keepalive:
 class RetryWindow:
     """Retry a refused app URL for about 2.5 s, then give up (the fallback applies).
 
-    Seed 004: "If the app's URL refuses connections, AppBridge retries for about 2.5 seconds while
-    the caller hears ringing, then applies the fallback." Delays double from ``first_delay_s`` up
-    to ``max_delay_s``; an attempt never starts after the window closed, and each attempt is
+    docs/protocol-session-v1.md, "Connection and frames": a refusing URL is retried for about 2.5 s
+    while the caller hears ringing, then the fallback applies. Delays double from ``first_delay_s``
+    up to ``max_delay_s``; an attempt never starts after the window closed, and each attempt is
     bounded by what is left of the window (at least ``min_attempt_s``, so a last attempt can still
     finish a TLS handshake).
     """

@@ -1,4 +1,5 @@
-"""The embedded demo app (INTERFACES §3), written with the voice SDK (:mod:`appbridge.sdk`).
+"""The embedded demo app (docs/configuration.md, "The embedded default"), written with the voice SDK
+(:mod:`appbridge.sdk`).
 
 The gateway dials it over a real loopback WebSocket like any other app, so a newcomer's first call
 exercises the whole path. It greets the caller, tells them which key they pressed, and repeats

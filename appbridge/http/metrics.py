@@ -23,7 +23,7 @@ def render_metrics(gw: Gateway) -> str:
     metric(
         "appbridge_asyncio_tasks",
         "gauge",
-        "Tasks of the event loop; a soak checks it stays flat (issue 7).",
+        "Tasks of the event loop; a soak checks it stays flat.",
         [("", len(asyncio.all_tasks()))],
     )
     metric(

@@ -1,7 +1,7 @@
 """uvicorn, minus its signal handling: the gateway (or a test) owns the process's signals.
 
 The gateway's server serves ``WS /twilio/stream`` on the WebSocket fast path
-(``ws_fastpath.py``, issue 7) and every other route through uvicorn's ASGI layer. Setting
+(``ws_fastpath.py``) and every other route through uvicorn's ASGI layer. Setting
 ``APPBRIDGE_WS_FASTPATH=off`` in the environment serves the stream through ASGI too (the same
 behaviour, at about 20 % more of the gateway's CPU under load): an operator's way out should the
 fast path ever misbehave, and the benchmark's A/B switch.
@@ -43,7 +43,7 @@ class UpgradingHttpProtocol(HttpToolsProtocol):
     The parser holds the protocol's callbacks (bound methods) and the protocol holds the parser.
     uvicorn breaks that cycle when a connection is lost, but an upgraded connection is lost by
     the WebSocket protocol instead, so each media stream left the pair for a full collection to
-    free (issue 7, media/gc_pacer.py). After the upgrade the transport feeds the new protocol
+    free (see media/gc_pacer.py). After the upgrade the transport feeds the new protocol
     and this one reads nothing more."""
 
     def handle_websocket_upgrade(self) -> None:
@@ -76,7 +76,7 @@ def fastpath_enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def fast_routes(gw: Gateway) -> dict[str, Acceptor]:
-    """The WebSocket routes served without ASGI (INTERFACES §5 routes, same port)."""
+    """The WebSocket routes served without ASGI, on the same port as the ASGI routes."""
     from appbridge.carriers.twilio import accept_twilio_stream
 
     return {"/twilio/stream": accept_twilio_stream(gw)}

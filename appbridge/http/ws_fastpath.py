@@ -1,12 +1,12 @@
 """WebSocket routes served straight off the socket, on the HTTP port, beside uvicorn's ASGI ones.
 
-Why (issue 7): a Twilio Media Stream carries 50 small text frames a second each way. Through
-uvicorn's ASGI WebSocket layer every one of them cost a message dict, an ``asyncio.Queue``
-put/get, a ``pause_reading``/``resume_reading`` pair, Starlette's middleware frames, a ``str``
-decode, and on the way out a writer task's wake-up and a ``str`` that uvicorn encoded back to
-bytes. py-spy on the gateway at 100 calls put that machinery at about 19 % of its CPU
-(docs/performance-history.md, the first session). Here a route's frames go from the socket to
-its handler in one synchronous call, and its output goes out with one ``transport.write``.
+Why: a Twilio Media Stream carries 50 small text frames a second each way. Through uvicorn's ASGI
+WebSocket layer every one of them costs a message dict, an ``asyncio.Queue`` put/get, a
+``pause_reading``/``resume_reading`` pair, Starlette's middleware frames, a ``str`` decode, and on
+the way out a writer task's wake-up and a ``str`` that uvicorn encodes back to bytes, a large share
+of the gateway's CPU under load (docs/PERFORMANCE.md has the figures). Here a route's frames go from
+the socket to its handler in one synchronous call, and its output goes out with one
+``transport.write``.
 
 How it plugs into uvicorn (0.54; what this module relies on):
 
@@ -26,8 +26,8 @@ own ``WebSocketsSansIOProtocol``, so the other WebSocket routes stay ASGI.
 :class:`FastWebSocket` runs websockets' sans-I/O ``ServerProtocol`` (RFC 6455) for the opening
 handshake, frame parsing (masking, fragments, the size limit, ping and the close handshake).
 Outgoing text frames are framed here (RFC 6455 §5.2: a server frame is unmasked, and no
-extension is negotiated): a header of 2 or 4 bytes. Sends never wait on the peer (DESIGN.md,
-"Never wait on a peer"): a droppable frame is skipped while the transport's write buffer is
+extension is negotiated): a header of 2 or 4 bytes. Sends never wait on the peer, so a slow
+one cannot stall the event loop: a droppable frame is skipped while the transport's write buffer is
 above :data:`DROP_ABOVE_BYTES`, and a peer that lets the buffer pass :data:`GIVE_UP_ABOVE_BYTES`
 is disconnected; no other connection notices either.
 """
@@ -180,7 +180,7 @@ class FastWebSocket(asyncio.Protocol):
                 elif isinstance(event, Request):
                     self._on_request(event)
         except Exception:
-            # The one boundary per connection (DESIGN.md, "Reliability rules").
+            # The one failure boundary per connection: a handler's bug closes its own socket only.
             log.exception("websocket %s: handler failed; closing this connection", self.client)
             self._fail_internal()
         self._flush()

@@ -53,7 +53,7 @@ class RoutingWsProtocol(asyncio.Protocol):
 
     def hand_over(self) -> None:
         """Point the transport at the routed protocol, so that it calls it directly: one Python
-        call less on every read of a media stream (issue 7). Only once the HTTP protocol has
+        call less on every read of a media stream. Only once the HTTP protocol has
         handed the transport to this router (``http/uvicorn_server.py``): uvicorn calls
         ``transport.set_protocol(router)`` after the request, which would undo an earlier switch.
         The forwarding methods here serve transports that cannot switch."""

@@ -1,10 +1,10 @@
 """Audio formats and streaming conversion between them.
 
 Why this module exists: every call has two audio formats, the carrier's (G.711 µ-law at 8 kHz on
-Twilio, reference/twilio.md, and on most SIP trunks) and the app's (seed 004, "Session start"
-and "Audio": `pcm16` at 8, 16 or 24 kHz, or `pcmu` at 8 kHz). Prompts fetched by `play` arrive
-at any rate (seed 004, "play": "WAV files (PCM or μ-law, any rate) are converted to the call's
-format"). Conversion runs once per 20 ms frame for every live call, in both directions, so it
+Twilio, docs/protocol-twilio.md, and on most SIP trunks) and the app's (docs/protocol-session-v1.md,
+`session.start`: `pcm16` at 8, 16 or 24 kHz, or `pcmu` at 8 kHz). Prompts fetched by `play` arrive
+at any rate (docs/protocol-session-v1.md, `play`: WAV files of any rate are converted to the call's
+format). Conversion runs once per 20 ms frame for every live call, in both directions, so it
 uses audioop's C loops only (no numpy, no per-sample Python) and keeps the resampler state
 between calls: a stream cut into arbitrary pieces converts to exactly the bytes of the whole.
 
@@ -120,7 +120,8 @@ class AudioFormat:
         return self.rate_hz * ms // 1000
 
     def frame_bytes(self, frame_ms: int = 20) -> int:
-        """Bytes in one frame of `frame_ms` (20 ms is the packet time of seed 004 and RFC 3551)."""
+        """Bytes in one frame of `frame_ms` (20 ms is the session's frame time and RFC 3551's
+        ptime)."""
         return self.samples_for_ms(frame_ms) * self.bits_per_sample // 8
 
     def silence(self, ms: int) -> bytes:
@@ -186,9 +187,9 @@ class Converter:
     interpolation, compiled; its state is kept between calls, so a stream converts the same
     whatever its chunking), encode.
     A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
-    chunk, so apps may send binary frames of any length (seed 004, "Audio": "frames of any
-    length"). G.722 encodes sample pairs (its QMF splits two input samples into one code of each
-    sub-band), so a lone trailing sample is held back before the encoder the same way.
+    chunk, so apps may send binary frames of any length. G.722 encodes sample pairs (its QMF
+    splits two input samples into one code of each sub-band), so a lone trailing sample is held
+    back before the encoder the same way.
 
     One converter serves one stream: do not share it between directions or calls. For G.722 this
     is a matter of correctness, not only of resampler history: the converter owns the ADPCM

@@ -1,5 +1,5 @@
 """In-band DTMF tones (ITU-T Q.23 frequencies, Q.24 timing) for carriers that cannot carry
-RFC 4733 events, such as a Twilio Media Stream (seed 004 ``dtmf.send``).
+RFC 4733 events, such as a Twilio Media Stream (docs/protocol-session-v1.md, ``dtmf.send``).
 
 Each digit is the sum of one low-group and one high-group sine, ``tone_ms`` long, followed by
 ``gap_ms`` of silence; ``,`` is a pause of ``pause_ms``. The defaults (100 ms on, 100 ms off,

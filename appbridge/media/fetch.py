@@ -1,4 +1,4 @@
-"""Fetching ``play`` media for an app, within bounds (DESIGN.md, "Reliability rules").
+"""Fetching ``play`` media for an app, within bounds (docs/configuration.md, ``[media]``).
 
 Every URL is fetched with bounded size, time and redirects, http/https only, and never from
 loopback, private, link-local or metadata addresses unless the operator allows it
@@ -6,9 +6,9 @@ loopback, private, link-local or metadata addresses unless the operator allows i
 here and every address it resolves to is checked; the request then goes to the checked name
 (a DNS answer that changes between the two is a documented, accepted window).
 
-Formats (seed 004 ``play``): WAV (PCM or µ-law, any rate), and headerless audio named by its
-Content-Type: ``audio/basic``/``audio/x-mulaw``/``audio/pcmu`` (µ-law, ``rate`` parameter or 8 kHz)
-and ``audio/L16`` (RFC 2586: big-endian 16-bit, ``rate`` parameter required).
+Formats (docs/protocol-session-v1.md, ``play``): WAV (PCM or µ-law, any rate), and headerless audio
+named by its Content-Type: ``audio/basic``/``audio/x-mulaw``/``audio/pcmu`` (µ-law, ``rate``
+parameter or 8 kHz) and ``audio/L16`` (RFC 2586: big-endian 16-bit, ``rate`` parameter required).
 """
 
 from __future__ import annotations

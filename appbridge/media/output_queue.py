@@ -1,10 +1,10 @@
 """The one real-time output queue of a call.
 
-Theory of operation (seed 004, "Output events" and "Audio"): `speak`, `play` and the app's own
-binary audio share one queue played in real time; new entries queue behind earlier ones. The
-queue holds audio already encoded in the carrier's codec and knows nothing of codecs or time:
-the process-wide media clock calls `pull_frame()` once per tick (20 ms) and sends what it gets.
-Virtual time in tests is simply the count of pulls.
+Theory of operation (docs/protocol-session-v1.md, "Output: speech, files, audio and marks"):
+`speak`, `play` and the app's own binary audio share one queue played in real time; new entries
+queue behind earlier ones. The queue holds audio already encoded in the carrier's codec and knows
+nothing of codecs or time: the process-wide media clock calls `pull_frame()` once per tick (20 ms)
+and sends what it gets. Virtual time in tests is simply the count of pulls.
 
 Entries, played first in, first out:
 
@@ -12,7 +12,7 @@ Entries, played first in, first out:
   kept while the TTS or the HTTP fetch fills them (`append_audio`, `append_words`), then closed.
   An item reports `OutputStarted` with its first frame, then exactly one of `OutputDone` or
   `OutputInterrupted`.
-- *raw audio* from the app's binary frames: never reported (it has no id, INTERFACES.md 6);
+- *raw audio* from the app's binary frames: never reported (it has no id);
   consecutive raw audio coalesces into one entry.
 - *marks*: `MarkReached(cleared=False)` once everything queued before the mark was heard, or
   `MarkReached(cleared=True)` when `clear` dropped it.
@@ -50,7 +50,7 @@ _COMPACT_MIN_CHUNKS: Final = 32
 
 
 class QueueFull(Exception):
-    """Storing the chunk would queue more than the limit (seed 004, `queue_full`: 120 s)."""
+    """Storing the chunk would queue more than the limit (`queue_full`: 120 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +206,8 @@ def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
 
 
 class OutputQueue:
-    """One call's output queue (seed 004, "Output events", "Audio"); sans-I/O, frame-driven.
+    """One call's output queue (docs/protocol-session-v1.md, "Output events"); sans-I/O,
+    frame-driven.
 
     Every mutating method returns the events it caused, in the order they happened, except the
     `append_*` methods, which only store data and return whether they did.
@@ -310,9 +311,10 @@ class OutputQueue:
     ) -> list[OutputEvent]:
         """Queues an open, empty item, keeping its place from the moment its command arrived.
 
-        With `preempt`, the head entry is cut off (an item reports `OutputInterrupted`, raw audio
-        is dropped silently) and the new item plays first; everything behind stays queued
-        (INTERFACES.md 6, "preempt"). Raises ValueError when `item_id` is already queued.
+        With `preempt`, the head entry is cut off (an item reports `OutputInterrupted`, raw audio is
+        dropped silently) and the new item plays first; everything behind stays queued
+        (docs/protocol-session-v1.md, ``preempt``). Raises ValueError when `item_id` is already
+        queued.
         """
         if item_id in self._items:
             raise ValueError(f"item {item_id!r} is already queued")
@@ -419,7 +421,8 @@ class OutputQueue:
     # -- clear ------------------------------------------------------------------------------
 
     def clear(self, unheard: Mapping[str, int] | None = None) -> list[OutputEvent]:
-        """Empties the queue (seed 004, `clear`), reporting every item and mark in queue order.
+        """Empties the queue (docs/protocol-session-v1.md, ``clear``), reporting every item and mark
+        in queue order.
 
         The head item reports what was heard of it; items that never started report 0 ms and
         "" ; marks report `cleared=True`; raw audio is dropped silently. ``unheard`` counts, by

@@ -1,4 +1,4 @@
-"""A converter that yields exact 20 ms frames (seed 004: "one binary frame per 20 ms").
+"""A converter that yields exact 20 ms frames (the gateway sends one binary frame per 20 ms).
 
 ``audioop.ratecv`` starts a sample or two short and some carriers send odd sizes, so converted
 audio does not always come out in whole frames. In the steady state one input frame gives one

@@ -1,10 +1,10 @@
 """Reading and writing WAV files.
 
-Why: `play` fetches WAV files from the app's URL (seed 004, "play": "WAV files (PCM or μ-law, any
-rate) are converted to the call's format"), and recordings and tests need to write them. A
-fetched file is untrusted input, so the parser never trusts a length field: it walks the RIFF
-chunks within the bytes it was given, bounds the decoded duration before it decodes, and turns
-every malformed or unsupported file into `WavError` with a message fit for the app's
+Why: `play` fetches WAV files from the app's URL (docs/protocol-session-v1.md, ``play``: WAV files,
+PCM or µ-law at any rate, are converted to the call's format), and recordings and tests need to
+write them. A fetched file is untrusted input, so the parser never trusts a length field: it walks
+the RIFF chunks within the bytes it was given, bounds the decoded duration before it decodes, and
+turns every malformed or unsupported file into `WavError` with a message fit for the app's
 `play_fetch_failed` error.
 
 Format references: the RIFF/WAVE layout of Microsoft's "Multimedia Programming Interface and

@@ -1,10 +1,10 @@
 """Loop-stall tracer: which code held the event loop when the media clock fell behind.
 
-A diagnostic, off by default, switched on with ``APPBRIDGE_STALL_TRACE_MS=<threshold ms>`` in
-the gateway's environment (bench/README.md, "Finding a stall"). Issue 7's bars (pacing max ≤ 20 ms,
-clear-to-silence max ≤ 40 ms) break whenever one callback keeps the loop for tens of
-milliseconds, and a sampling profiler averages those rare callbacks away. This catches them
-in the act:
+A diagnostic, off by default, switched on with ``APPBRIDGE_STALL_TRACE_MS=<threshold ms>`` in the
+gateway's environment (bench/README.md, "Finding a stall"). The performance bars
+(docs/PERFORMANCE.md: pacing max ≤ 20 ms, clear-to-silence max ≤ 40 ms) break whenever one callback
+keeps the loop for tens of milliseconds, and a sampling profiler averages those rare callbacks away.
+This catches them in the act:
 
 * on the loop, a heartbeat timer stamps ``time.monotonic()`` every ``period_s``;
 * a daemon thread wakes every ``period_s / 2``; when the last beat is older than
@@ -279,7 +279,7 @@ def _mallinfo2() -> Any:
 
 
 class MemoryDiffLog:
-    """Where the memory of a long-running gateway goes: a diagnostic for issue 7's soak.
+    """Where the memory of a long-running gateway goes: a diagnostic for the soak test.
 
     Off by default. Two strengths, each a period in seconds in the environment:
 

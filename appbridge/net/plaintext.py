@@ -1,8 +1,8 @@
 """The plaintext ``ws://`` rule for app and listener links, and URL redaction for logs.
 
-App links carry the caller's audio, transcripts and the app's commands, so plaintext is refused
-off the private network. INTERFACES §4 ("Plaintext app links") adopts seed 000's transport rule
-("Transport and connection") word for word. A ``ws://`` URL is accepted only when its host is:
+App links carry the caller's audio, transcripts and the app's commands, so plaintext is refused off
+the private network (docs/configuration.md, "The plaintext `ws://` rule"). A ``ws://`` URL is
+accepted only when its host is:
 
 - an IPv4 loopback (127/8), RFC 1918 (10/8, 172.16/12, 192.168/16) or link-local (169.254/16)
   address;
@@ -23,8 +23,8 @@ are 8.8.8.8, although they read as single-label names. Such hosts are decoded th
 URL standard decodes them ("ends in a number" rule) and judged by the address they denote.
 Characters that parsers disagree about (backslash, whitespace, controls) make the URL invalid.
 
-Seed 000 also says the server reports an app URL as ``scheme://host:port`` only (no userinfo,
-path or query, which may hold tokens): :func:`redact_url`.
+Logs and reports show an app URL as ``scheme://host:port`` only (docs/configuration.md) (no
+userinfo, path or query, which may hold tokens): :func:`redact_url`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def parse_authority(url: str) -> UrlAuthority | None:
 
 
 def redact_url(url: str) -> str:
-    """``scheme://host:port`` of ``url``, for logs and reports (seed 000).
+    """``scheme://host:port`` of ``url``, for logs and reports.
 
     Userinfo, path, query and fragment may carry credentials, so they never appear; an
     unparseable URL is reported as ``<invalid url>`` rather than echoed.
@@ -182,7 +182,7 @@ def plaintext_allowed(url: str) -> tuple[bool, str | None]:
 
 
 def check_plaintext(url: str) -> PlaintextVerdict:
-    """The rule with its reasons (INTERFACES §4, seed 000 "Transport and connection")."""
+    """The rule with its reasons (docs/configuration.md, "The plaintext `ws://` rule")."""
     authority = parse_authority(url)
     if authority is None:
         scheme = url.partition("://")[0].lower()
@@ -200,7 +200,7 @@ def check_plaintext(url: str) -> PlaintextVerdict:
 
 def _check_ipv6(address: ipaddress.IPv6Address, zone: str | None) -> PlaintextVerdict:
     if zone is not None:
-        # Seed 000: a zone counts only on a link-local address; a public one stays public.
+        # A zone counts only on a link-local address; a public one stays public.
         if address in _LINK_LOCAL_V6:
             return PlaintextVerdict(True)
         return PlaintextVerdict(

@@ -1,11 +1,11 @@
 """A WebSocket client that never waits on its peer.
 
-The gateway dials every app (seed 004, "Connecting"). The stock asyncio clients make ``send`` a
-coroutine that waits for the socket to drain, so a slow app would stall whoever sends to it. Here
-the framing is websockets' sans-I/O :class:`~websockets.client.ClientProtocol` and the shell is an
-:class:`asyncio.Protocol`: every send is a synchronous ``transport.write``; the caller reads
-``write_buffer_bytes`` and decides what to drop (audio) and when a peer is too slow to keep
-(DESIGN.md, "Never wait on a peer").
+The gateway dials every app (docs/protocol-session-v1.md, "Connection and frames"). The stock
+asyncio clients make ``send`` a coroutine that waits for the socket to drain, so a slow app would
+stall whoever sends to it. Here the framing is websockets' sans-I/O
+:class:`~websockets.client.ClientProtocol` and the shell is an :class:`asyncio.Protocol`: every send
+is a synchronous ``transport.write``; the caller reads ``write_buffer_bytes`` and decides what to
+drop (audio) and when a peer is too slow to keep, so one slow app never stalls the event loop.
 """
 
 from __future__ import annotations

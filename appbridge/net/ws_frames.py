@@ -2,7 +2,7 @@
 
 websockets parses and serialises every frame through a generator-based reader, a ``Frame``
 object and a ``BytesIO``: several microseconds per frame, where a media stream carries fifty
-frames a second each way (issue 7). The gateway's two WebSocket ends (the app link's client,
+frames a second each way. The gateway's two WebSocket ends (the app link's client,
 ``ws_client.py``, and the fast server routes, ``http/ws_fastpath.py``) therefore cut the common
 frames here:
 

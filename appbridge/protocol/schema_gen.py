@@ -1,12 +1,12 @@
 """Generates ``schema/session.v1.json``, the machine-readable ``fonoster.session.v1``.
 
-Seed 004 says the protocol has a JSON Schema with one schema per message. Writing it by hand
-would let it drift from the codec, so it is generated from the Structs of
-:mod:`appbridge.protocol.session_v1` (``msgspec.json.schema_components``) and post-processed into
-a tidy draft 2020-12 document: one ``$defs`` entry per message titled by its wire ``type``, with
-the seed's descriptions, a ``oneOf`` of commands (``#/$defs/Command``) and one of events
-(``#/$defs/Event``). The top level is an ``anyOf`` of the two, because ``mark`` is both a command
-and an event and a ``mark`` event is also a valid ``mark`` command.
+The protocol has a JSON Schema with one definition per message (docs/protocol-session-v1.md, "The
+schema file"). Writing it by hand would let it drift from the codec, so it is generated from the
+Structs of :mod:`appbridge.protocol.session_v1` (``msgspec.json.schema_components``) and
+post-processed into a tidy draft 2020-12 document: one ``$defs`` entry per message titled by its
+wire ``type``, with the protocol's descriptions, a ``oneOf`` of commands (``#/$defs/Command``) and
+one of events (``#/$defs/Event``). The top level is an ``anyOf`` of the two, because ``mark`` is
+both a command and an event and a ``mark`` event is also a valid ``mark`` command.
 
 ``python -m appbridge.protocol.schema_gen`` writes the file; ``--check`` exits 1 when the
 committed file differs from what the code generates.
@@ -225,7 +225,7 @@ _MESSAGE_DOCS: Final[dict[type[msgspec.Struct], tuple[str, dict[str, str]]]] = {
 
 
 def _tidy(cls: type[msgspec.Struct], schema: dict[str, Any]) -> dict[str, Any]:
-    """Titles a message by its wire type and adds the seed's words to it and its fields."""
+    """Titles a message by its wire type and adds the protocol's words to it and its fields."""
     config = cls.__struct_config__
     description, field_docs = _MESSAGE_DOCS[cls]
     properties: dict[str, Any] = schema.get("properties", {})

@@ -1,4 +1,4 @@
-"""The ``fonoster.session.v1`` wire codec (seed 004, "Session protocol reference").
+"""The ``fonoster.session.v1`` wire codec (docs/protocol-session-v1.md).
 
 Theory of operation
 -------------------
@@ -8,13 +8,13 @@ Every text frame on an app link holds one JSON object with a ``type``. Each mess
 and validates a frame against the whole union in one pass, which is what the app link's hot path
 needs.
 
-:func:`decode_command` never raises. It answers with a command, :class:`Ignored` for a
-well-formed message whose ``type`` this version does not know (seed 004, "Frames": the protocol
-only ever adds types, so an app built for a later version must keep working), or
-:class:`BadMessage` carrying the text and the ``relatesTo`` of the ``error`` ``bad_message`` the
-gateway answers with (INTERFACES.md §6: the command's ``id`` when it carried one, else its
-``type``). Only when the one-pass decode fails does it parse the frame a second time, generically,
-to tell those cases apart.
+:func:`decode_command` never raises. It answers with a command, :class:`Ignored` for a well-formed
+message whose ``type`` this version does not know (docs/protocol-session-v1.md, "Connection and
+frames": the protocol only ever adds types, so an app built for a later version must keep working),
+or :class:`BadMessage` carrying the text and the ``relatesTo`` of the ``error`` ``bad_message`` the
+gateway answers with (docs/protocol-session-v1.md, "Errors for bad input": the command's ``id`` when
+it carried one, else its ``type``). Only when the one-pass decode fails does it parse the frame a
+second time, generically, to tell those cases apart.
 
 Unknown fields are ignored (``forbid_unknown_fields=False``), optional fields that are absent are
 left out on the wire (``omit_defaults=True``), and ``session.start`` always carries every field,
@@ -94,16 +94,17 @@ __all__ = [
 PROTOCOL: Final = "fonoster.session.v1"
 
 MAX_ID_CHARS: Final = 128
-"""Seed 004, "Frames": commands may carry an ``id``, any string up to 128 characters."""
+"""Commands may carry an ``id``, any string up to 128 characters (docs/protocol-session-v1.md,
+"Limits")."""
 
 MAX_TEXT_FRAME_BYTES: Final = 65536
-"""Largest JSON text frame accepted from an app (64 KiB, as seed 000's transport rules)."""
+"""Largest JSON text frame accepted from an app (64 KiB; docs/protocol-session-v1.md, "Limits")."""
 
 MAX_BINARY_FRAME_BYTES: Final = 1 << 20
 """Largest binary audio frame accepted from an app (1 MiB, about 33 s of pcm16 at 16 kHz)."""
 
 MAX_HANDOFF_PAYLOAD_BYTES: Final = 16384
-"""Seed 004, "Call control": a ``handoff`` payload is JSON of at most 16 KB (read as KiB),
+"""docs/protocol-session-v1.md, "Limits": a ``handoff`` payload is JSON of at most 16 KiB,
 measured as its compact JSON encoding."""
 
 DTMF_PAUSE_MS: Final = 500
@@ -155,7 +156,8 @@ ERROR_CODE_MEANINGS: Final[dict[str, str]] = {
 ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
 
 OPT_IN_EVENTS: Final[frozenset[str]] = frozenset({"turn.estimate", "transcript.partial"})
-"""Seed 004, "subscribe": the events an app receives only after subscribing to them."""
+"""docs/protocol-session-v1.md, ``subscribe``: the events an app receives only after subscribing to
+them."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ class _Event(Struct, tag_field="type", kw_only=True, omit_defaults=True):
 
 
 class AudioFormat(Struct, kw_only=True):
-    """The session's audio format (seed 004, "Connecting": pcm16 at 8/16/24 kHz, or pcmu)."""
+    """The session's audio format (``session.start``: pcm16 at 8/16/24 kHz, or pcmu at 8 kHz)."""
 
     codec: Codec
     rate: RateHz
@@ -466,7 +468,8 @@ class Ignored(Struct, frozen=True):
 class BadMessage(Struct, frozen=True):
     """A frame the gateway answers with ``error`` ``bad_message``.
 
-    ``relates_to`` is the ``relatesTo`` of that error (INTERFACES.md §6): the command's ``id``
+    ``relates_to`` is the ``relatesTo`` of that error (docs/protocol-session-v1.md, "Errors for
+    bad input"): the command's ``id``
     when it carried a valid one, else its ``type``, else ``"unknown"``.
     """
 
@@ -490,7 +493,7 @@ def _frame_too_large(frame: bytes | str) -> bool:
 
 
 def _relates_to(obj: dict[str, Any], fallback: str) -> str:
-    """INTERFACES.md §6: the command's ``id`` when it carried a valid one, else ``fallback``.
+    """The command's ``id`` when it carried a valid one, else ``fallback``.
 
     An id over 128 characters broke the limit, so it is not echoed: the gateway never sends
     back unbounded text it refused.
@@ -592,7 +595,8 @@ def encode_command(command: Command) -> bytes:
 def error_event(
     code: ErrorCode, message: str, relates_to: str | None, *, fatal: bool = False
 ) -> bytes:
-    """Encodes an ``error`` event. Seed 004, "Errors": no error is fatal in this version."""
+    """Encodes an ``error`` event. No error is fatal in this version (docs/protocol-session-v1.md,
+    "Errors")."""
     return _encoder.encode(
         ErrorEvent(code=code, message=message, fatal=fatal, relates_to=relates_to)
     )

@@ -1,15 +1,15 @@
 """Request signatures: the gateway's own (``X-Fonoster-*``) and Twilio's (``X-Twilio-Signature``).
 
-Fonoster (seed 004, "Verifying the connection"): every connection the gateway opens to an app or a
-listener carries ``X-Fonoster-Timestamp`` (Unix seconds) and ``X-Fonoster-Signature``, the
-lowercase hex HMAC-SHA256 of ``<timestamp>.<url>`` keyed with the app's signing secret, where
-``<url>`` is the URL exactly as configured, query included. A receiver rejects a mismatch or a
-timestamp more than 300 s from its clock. The timestamp is inside the MAC, so a captured request
-cannot be replayed after the window.
+Fonoster (docs/protocol-session-v1.md, "Connection and frames"): every connection the gateway opens
+to an app or a listener carries ``X-Fonoster-Timestamp`` (Unix seconds) and
+``X-Fonoster-Signature``, the lowercase hex HMAC-SHA256 of ``<timestamp>.<url>`` keyed with the
+app's signing secret, where ``<url>`` is the URL exactly as configured, query included. A receiver
+rejects a mismatch or a timestamp more than 300 s from its clock. The timestamp is inside the MAC,
+so a captured request cannot be replayed after the window.
 
-Twilio (reference/twilio.md, "X-Twilio-Signature"): base64 HMAC-SHA1, keyed with the auth token,
-of the full URL followed by every form parameter as name then value, names sorted and each name's
-values sorted. Validators also accept the URL with the default port added or removed, because
+Twilio (docs/protocol-twilio.md, "`X-Twilio-Signature`"): base64 HMAC-SHA1, keyed with the auth
+token, of the full URL followed by every form parameter as name then value, names sorted and each
+name's values sorted. Validators also accept the URL with the default port added or removed, because
 Twilio signs inconsistently. The WebSocket upgrade is signed with empty params; a JSON body is
 signed with empty params and its SHA-256 travels in the ``bodySHA256`` query parameter.
 
@@ -44,7 +44,7 @@ FONOSTER_TIMESTAMP_HEADER = "X-Fonoster-Timestamp"
 FONOSTER_SIGNATURE_HEADER = "X-Fonoster-Signature"
 TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
 FONOSTER_TOLERANCE_S = 300
-"""Seed 004: reject a timestamp more than 300 seconds from the receiver's clock."""
+"""Reject a timestamp more than 300 seconds from the receiver's clock."""
 
 # Unix seconds as plain ASCII digits: no sign, no spaces, no underscores (which int() would take).
 _TIMESTAMP_RE = re.compile(r"[0-9]{1,15}")
@@ -54,7 +54,7 @@ TwilioParams = Mapping[str, str | Sequence[str]]
 
 
 def fonoster_signature(secret: str, url: str, timestamp: int) -> str:
-    """Lowercase hex HMAC-SHA256 of ``f"{timestamp}.{url}"`` keyed with ``secret`` (seed 004)."""
+    """Lowercase hex HMAC-SHA256 of ``f"{timestamp}.{url}"`` keyed with ``secret``."""
     message = f"{timestamp}.{url}".encode()
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
@@ -75,7 +75,7 @@ def verify_fonoster(
     now_s: float,
     tolerance_s: int = FONOSTER_TOLERANCE_S,
 ) -> bool:
-    """Check a signed connection request the way seed 004 tells apps to.
+    """Check a signed connection request the way docs/protocol-session-v1.md tells apps to.
 
     ``secrets`` may list several secrets (an app that accepts both sides of a rotation); every
     one is tried, without stopping at the first match, so the time taken does not tell which
@@ -99,7 +99,7 @@ def verify_fonoster(
 
 
 def twilio_signature(auth_token: str, url: str, params: TwilioParams | None) -> str:
-    """Base64 HMAC-SHA1 of the URL plus the sorted form parameters (reference/twilio.md)."""
+    """Base64 HMAC-SHA1 of the URL plus the sorted form parameters."""
     pieces = [url]
     for name in sorted(params or {}):
         value = (params or {})[name]
@@ -113,7 +113,8 @@ def twilio_url_variants(url: str) -> list[str]:
     """``url`` as given, then with its scheme's default port removed or added.
 
     Twilio sometimes signs ``https://host:443/path`` and sometimes ``https://host/path`` for the
-    same request, so validators try both (reference/twilio.md). A non-default port is kept as is.
+    same request, so validators try both (docs/protocol-twilio.md). A non-default port is kept as
+    is.
     """
     variants = [url]
     try:

@@ -1,18 +1,18 @@
-"""The Twilio Media Streams wire codec, for both roles (seed 004, "Twilio protocol").
+"""The Twilio Media Streams wire codec, for both roles (docs/protocol-twilio.md).
 
 Theory of operation
 -------------------
-The gateway meets this format twice (reference/twilio.md): on the *carrier side* Twilio is the
+The gateway meets this format twice: on the *carrier side* Twilio is the
 peer and the gateway plays the app; on the *app side* the gateway plays Twilio toward an app
 built for Media Streams (Pipecat's ``TwilioFrameSerializer``, for example). The messages are the
 same; only the roles swap. So one set of Structs, tagged by ``event``, serves both:
 
 * :func:`decode_twilio` decodes a frame from either peer. ``sender="twilio"`` accepts what Twilio
   sends (``connected``, ``start``, ``media``, ``dtmf``, ``mark``, ``stop``); ``sender="app"``
-  accepts what an app sends (``media``, ``mark``, ``clear``) and ignores everything else, as seed
-  004 says. It never raises: a frame that is not JSON, lacks ``event``, misses a field, has a
-  wrong type or a bad base64 payload is a :class:`TwilioBadMessage`; a well-formed message of
-  another event is :class:`TwilioIgnored`.
+  accepts what an app sends (``media``, ``mark``, ``clear``) and ignores everything else, as
+  docs/protocol-twilio.md says. It never raises: a frame that is not JSON, lacks ``event``, misses a
+  field, has a wrong type or a bad base64 payload is a :class:`TwilioBadMessage`; a well-formed
+  message of another event is :class:`TwilioIgnored`.
 * :class:`TwilioStreamWriter` plays Twilio: it writes ``connected``, then ``start``, then the
   stream, and owns the counters, which are decimal *strings* on the wire. ``sequenceNumber``
   counts every message from ``start`` = "1"; ``chunk`` counts ``media`` messages from "1";
@@ -63,7 +63,7 @@ __all__ = [
 MAX_TWILIO_FRAME_BYTES: Final = 1 << 20
 """Largest text frame accepted from either peer. Apps may send a long ``media`` payload in one
 message (Twilio accepts any length); 1 MiB of base64 is about 98 s of µ-law, under the 120 s
-output queue limit of seed 004."""
+output queue limit (docs/protocol-session-v1.md, ``play``)."""
 
 MULAW_BYTES_PER_MS: Final = 8
 """Media Streams audio is µ-law, 8 kHz, mono: one byte per sample, 8 per millisecond."""
@@ -259,7 +259,7 @@ def decode_twilio(
     """Decodes one text frame of a Media Stream; never raises.
 
     ``sender="twilio"`` on the carrier side (frames Twilio wrote), ``sender="app"`` on the app
-    side (frames a Twilio-dialect app wrote; seed 004: everything but ``media``, ``mark`` and
+    side (frames a Twilio-dialect app wrote; everything but ``media``, ``mark`` and
     ``clear`` is ignored there).
     """
     if _too_large(frame):
@@ -280,7 +280,7 @@ def decode_twilio(
 
 
 class TwilioStreamWriter:
-    """Writes Twilio's side of one Media Stream, toward an app (reference/twilio.md).
+    """Writes Twilio's side of one Media Stream, toward an app (docs/protocol-twilio.md).
 
     Order is fixed: :meth:`connected`, :meth:`start`, then any of :meth:`media`, :meth:`dtmf`
     and :meth:`mark`, and :meth:`stop` last. Breaking it raises :class:`LocalProtocolError`.
@@ -426,5 +426,6 @@ class TwilioAppSideWriter:
 
     @staticmethod
     def clear(stream_sid: str) -> bytes:
-        """Empties Twilio's buffered audio (INTERFACES.md §6: part of ``clear``'s 40 ms)."""
+        """Empties Twilio's buffered audio (docs/protocol-session-v1.md, ``clear``: part of its 40
+        ms)."""
         return _encoder.encode(TwilioClear(stream_sid=stream_sid))

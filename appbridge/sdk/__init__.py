@@ -1,6 +1,6 @@
 """``appbridge.sdk``: write a ``fonoster.session.v1`` voice app in a dozen lines.
 
-Seed 004 says most apps use an SDK that builds ``say``, ``gather`` and the rest from the
+Most apps use an SDK that builds ``say``, ``gather`` and the rest from the
 protocol's messages, and sends ``clear`` when the caller starts talking over an interruptible
 item. This is that SDK for Python (asyncio)::
 

@@ -1,11 +1,11 @@
-"""The SDK's exceptions: one per ``error`` code of seed 004, plus a closed session.
+"""The SDK's exceptions: one per ``error`` code of the session protocol, plus a closed session.
 
-Seed 004, "Errors": the gateway answers a command it cannot carry out with
-``error { code, message, fatal, relatesTo }``, where ``relatesTo`` is the command's ``id``
-(INTERFACES.md §6). The SDK gives every command it sends an id of its own, so it can hand that
-error to whoever awaits the command, as an exception of the code's own class. An app then writes
-``except OnHold:`` instead of comparing strings. A code this version does not know (the protocol
-only ever adds them) becomes a plain :class:`CommandError`, never a crash.
+docs/protocol-session-v1.md, "Errors": the gateway answers a command it cannot carry out with
+``error { code, message, fatal, relatesTo }``, where ``relatesTo`` is the command's ``id``. The SDK
+gives every command it sends an id of its own, so it can hand that error to whoever awaits the
+command, as an exception of the code's own class. An app then writes ``except OnHold:`` instead of
+comparing strings. A code this version does not know (the protocol only ever adds them) becomes a
+plain :class:`CommandError`, never a crash.
 
 A session that ends or whose socket closes makes every pending await raise
 :class:`SessionClosed` (:class:`SessionEnded` when the gateway said why with ``session.end``),
@@ -59,7 +59,8 @@ class SessionEnded(SessionClosed):
 
 
 class CommandError(SdkError):
-    """An ``error`` event that answered a command this session sent (seed 004, "Errors")."""
+    """An ``error`` event that answered a command this session sent (docs/protocol-session-v1.md,
+    "Errors")."""
 
     code: str = "unknown"
 

@@ -3,8 +3,8 @@
 Caller audio arrives every 20 ms whether or not the app reads it (an IVR that only gathers keys
 never does), so an unbounded queue would grow for the whole call. Audio frames are kept up to a
 limit (10 s by default) and the oldest is dropped beyond it; control events are kept up to a much
-larger limit, and dropping one is logged, never silent (DESIGN.md, "Never wait on a peer").
-Sans-I/O apart from the wake-up flag the iterator waits on.
+larger limit, and dropping one is logged, never silent: the gateway never waits on a slow app, so
+the SDK must keep reading. Sans-I/O apart from the wake-up flag the iterator waits on.
 """
 
 from __future__ import annotations

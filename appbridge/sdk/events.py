@@ -1,7 +1,8 @@
 """What ``async for event in session`` yields, and what the awaitable commands return.
 
-The events are the typed Structs of :mod:`appbridge.protocol.session_v1` (seed 004 names them;
-the codec decodes and validates them), so an app matches on classes::
+The events are the typed Structs of :mod:`appbridge.protocol.session_v1`
+(docs/protocol-session-v1.md names them; the codec decodes and validates them), so an app matches on
+classes::
 
     async for event in session:
         match event:
@@ -9,9 +10,9 @@ the codec decodes and validates them), so an app matches on classes::
             case TurnEnded(text=text): ...
             case AudioFrame(data=pcm): ...
 
-Binary frames become :class:`AudioFrame`: seed 004, "Frames": every frame from the gateway starts
-with one byte holding the track id, then audio in the session's format; the app's own socket
-carries the caller's (inbound) track only (INTERFACES.md §6).
+Binary frames become :class:`AudioFrame` (docs/protocol-session-v1.md, "Connection and frames"):
+every frame from the gateway starts with one byte holding the track id, then audio in the session's
+format; the app's own socket carries the caller's (inbound) track only (``session.start``).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ Event: TypeAlias = (
 
 @dataclass(frozen=True, slots=True)
 class OutputResult:
-    """How a ``say``/``play`` item ended (seed 004, "Output events").
+    """How a ``say``/``play`` item ended (docs/protocol-session-v1.md, "Output events").
 
     ``interrupted`` items were cut off by caller barge-in, ``clear`` or a ``preempt`` item;
     ``heard_text`` holds only the words already spoken, and an item dropped before it started

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-``gather`` asks for the caller's next input: a speech turn (seed 004, "Turn events") or DTMF
-digits (``dtmf { digit }``). It is built from events alone, as seed 004 says SDKs build it.
+``gather`` asks for the caller's next input: a speech turn (docs/protocol-session-v1.md, "Turn and
+transcript events") or DTMF digits (``dtmf { digit }``). The protocol has no ``gather`` command, so
+it is built from events alone.
 
 - **Waiting.** The timeout runs from the start, or, with a prompt, from the moment the prompt
   stopped playing (as a telephony "gather with a nested say" does: the caller is given the full

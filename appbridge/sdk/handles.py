@@ -1,11 +1,11 @@
 """Awaitable handles of the commands a :class:`~appbridge.sdk.Session` sends.
 
-Every command is written the moment its method is called, in call order, and the method returns
-a handle. Awaiting the handle gives the command's outcome, or raises the exception of the
-``error`` event that answered it (``relatesTo`` is the id the SDK gave the command, seed 004
-"Frames" and INTERFACES.md §6), or :class:`~appbridge.sdk.errors.SessionClosed` once the session
-is gone. Not awaiting is fine too: the command still goes out, and an error for it is then
-delivered as an event of the session instead.
+Every command is written the moment its method is called, in call order, and the method returns a
+handle. Awaiting the handle gives the command's outcome, or raises the exception of the ``error``
+event that answered it (``relatesTo`` is the id the SDK gave the command;
+docs/protocol-session-v1.md, "Errors for bad input"), or
+:class:`~appbridge.sdk.errors.SessionClosed` once the session is gone. Not awaiting is fine too: the
+command still goes out, and an error for it is then delivered as an event of the session instead.
 
 Commands the gateway never answers (``clear``, ``hold``, ``listen.update``...) resolve once they
 are written to the socket.
@@ -96,7 +96,8 @@ class TransferHandle(Pending[SessionEnd]):
     ``FeatureNotSupported``) and the call stays with the app.
 
     For ``mode="warm"`` the caller waits on hold while the app talks to the new party; call
-    :meth:`complete` to connect them (seed 004, "Call control": ``transfer.complete``).
+    :meth:`complete` to connect them (docs/protocol-session-v1.md, "Call control":
+    ``transfer.complete``).
     """
 
     def __init__(

@@ -1,9 +1,10 @@
 """Frames from the gateway, decoded for a session: typed events, audio frames, or nothing.
 
-Seed 004, "Frames": text frames carry one JSON message with a ``type``; binary frames carry one
-byte of track id, then audio. Unknown types and unknown fields are ignored, because the protocol
-only ever adds them. A frame that does not decode (not JSON, a known type with a wrong field, an
-empty binary frame) is logged and dropped: the app's handler never sees garbage.
+docs/protocol-session-v1.md, "Connection and frames": text frames carry one JSON message with a
+``type``; binary frames carry one byte of track id, then audio. Unknown types and unknown fields are
+ignored, because the protocol only ever adds them. A frame that does not decode (not JSON, a known
+type with a wrong field, an empty binary frame) is logged and dropped: the app's handler never sees
+garbage.
 
 Two events are read leniently, because dropping them would lose something an app cannot do
 without: an ``error`` whose ``code`` this version does not know still fails the command it

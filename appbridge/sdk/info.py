@@ -1,4 +1,5 @@
-"""The call a session belongs to, as ``session.start`` described it (seed 004, "session.start").
+"""The call a session belongs to, as ``session.start`` described it (docs/protocol-session-v1.md,
+``session.start``).
 
 Kept apart from :class:`~appbridge.sdk.Session`'s behaviour: these are read-only facts of the
 call (who called whom, the refs, the audio format, what a previous app handed over).

@@ -1,4 +1,5 @@
-"""The app server: where the gateway dials in, one WebSocket per call (seed 004, "Connecting").
+"""The app server: where the gateway dials in, one WebSocket per call (docs/protocol-session-v1.md,
+"Connection and frames").
 
 :class:`AppServer` checks the signing headers of each connection request (401 otherwise, and the
 handler is never called), waits for ``session.start`` (always the first message), and calls the
@@ -9,9 +10,9 @@ developer's handler with one :class:`~appbridge.sdk.Session` per call. It runs
   ``WebSocketRoute("/session", server)`` and FastAPI takes
   ``await server.handle_websocket(websocket)`` inside an ``@app.websocket`` route.
 
-When the handler returns, or raises, the call is hung up if it is still live (seed 004:
-"Closing the socket yourself hangs up the call"), so a handler is the call's whole life. One
-handler failing is logged and ends only its own call.
+When the handler returns, or raises, the call is hung up if it is still live (closing the socket
+from the app's side hangs the call up; docs/protocol-session-v1.md, ``session.end``), so a handler
+is the call's whole life. One handler failing is logged and ends only its own call.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One call, from the app's side: :class:`Session` builds ``say``, ``gather`` and the rest out of
-the messages of ``fonoster.session.v1`` (seed 004, "Session protocol reference").
+the messages of ``fonoster.session.v1`` (docs/protocol-session-v1.md).
 
 Theory of operation
 -------------------
@@ -14,9 +14,10 @@ Each command gets an ``id`` made by the SDK. The events it causes echo that id (
 awaiting call and becomes that call's exception (:mod:`appbridge.sdk.errors`). An error that
 nothing awaits is yielded as an event instead, as is every event that did not answer an await.
 
-Automatic barge-in (seed 004, "Interruptions"): the gateway never stops output on caller speech;
-it sends ``turn.user_started`` and keeps playing. When that arrives while an item the app marked
-``interruptible`` is playing, the session sends ``clear``. ``auto_barge_in = False`` turns it off.
+Automatic barge-in (docs/protocol-session-v1.md, "Interruptions"): the gateway never stops output on
+caller speech; it sends ``turn.user_started`` and keeps playing. When that arrives while an item the
+app marked ``interruptible`` is playing, the session sends ``clear``. ``auto_barge_in = False``
+turns it off.
 
 When the session ends (``session.end``, or the socket closing) every pending handle and gather
 raises :class:`~appbridge.sdk.errors.SessionClosed`, and iteration stops once the events already

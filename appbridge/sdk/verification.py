@@ -1,4 +1,5 @@
-"""Checking that a connection really comes from the gateway (seed 004, "Verifying the connection").
+"""Checking that a connection really comes from the gateway (docs/protocol-session-v1.md,
+"Connection and frames").
 
 Every connection request carries ``X-Fonoster-Timestamp`` (Unix seconds) and
 ``X-Fonoster-Signature``, the lowercase hex HMAC-SHA256 of ``<timestamp>.<url>`` keyed with the

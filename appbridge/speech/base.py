@@ -1,18 +1,19 @@
 """What every speech provider promises, and the errors it may raise.
 
-Seed 004 ("Speech", "Errors") fixes the outside: an app names a voice and a language by catalog id
-(INTERFACES.md section 8: ``provider/voice`` and a BCP-47 tag), the gateway speaks ``speak`` text
-through that provider, and a provider failure is reported to the app as an ``error`` whose code is
-one of ``provider_unavailable``, ``provider_timeout``, ``invalid_catalog_id`` or
-``feature_not_supported``. "AppBridge never switches providers on failure; it reports the error",
-so the exceptions below carry exactly that code and nothing here retries elsewhere.
+docs/protocol-session-v1.md (``speak``, "Errors") and docs/speech.md ("Catalog ids") fix the
+outside: an app names a voice and a language by catalog id (``provider/voice`` and a BCP-47 tag),
+the gateway speaks ``speak`` text through that provider, and a provider failure is reported to the
+app as an ``error`` whose code is one of ``provider_unavailable``, ``provider_timeout``,
+``invalid_catalog_id`` or ``feature_not_supported``. "AppBridge never switches providers on failure;
+it reports the error", so the exceptions below carry exactly that code and nothing here retries
+elsewhere.
 
 Why an async generator of chunks: the output queue must start playing as soon as the first audio
 exists (the caller is waiting), and ``output.interrupted`` must report ``heardText``, so every chunk
 carries the word timings that are known by then. Timings are relative to the first sample of the
 whole utterance, so the queue can compare them with its own count of samples played.
 
-Streaming STT (seed 004, "Turn events", "transcript.partial"): a call opens one
+Streaming STT (docs/protocol-session-v1.md, "Turn and transcript events"): a call opens one
 :class:`SttStream` when it starts (so the first turn pays no set-up), feeds it the caller's audio
 frame by frame, and reads partial and final :class:`Transcript` results, which drive the turn
 detector (:mod:`appbridge.turn.detector`) and ``transcript.partial``.
@@ -77,11 +78,11 @@ class TtsChunk:
 class TtsProvider(Protocol):
     """A text-to-speech engine behind one catalog prefix (``local``, later ``deepgram``).
 
-    ``synthesize`` is an async generator: the first chunk comes as soon as the engine has audio,
-    and closing the generator (``aclose()``, or cancelling the task that iterates it) stops the
-    engine's work promptly, since a ``clear`` or ``preempt`` (seed 004, "Interruptions") throws the
-    rest away. It raises :class:`SpeechError` subclasses only; an empty or blank text yields
-    nothing. Use it as ``async with contextlib.aclosing(p.synthesize(...)) as chunks``.
+    ``synthesize`` is an async generator: the first chunk comes as soon as the engine has audio, and
+    closing the generator (``aclose()``, or cancelling the task that iterates it) stops the engine's
+    work promptly, since a ``clear`` or ``preempt`` (docs/protocol-session-v1.md) throws the rest
+    away. It raises :class:`SpeechError` subclasses only; an empty or blank text yields nothing. Use
+    it as ``async with contextlib.aclosing(p.synthesize(...)) as chunks``.
     """
 
     name: str
@@ -120,11 +121,11 @@ class SttStream(Protocol):
 
     ``feed`` takes signed 16-bit little-endian mono PCM at the rate the stream was opened with,
     in pieces of any length, and returns at once: it never waits on the network or on a decoder
-    (the provider buffers, coalesces or drops, and counts it, as DESIGN.md's "never wait on a
-    peer" asks). ``results()`` yields transcripts in order and ends after ``aclose()``; a provider
+    (the provider buffers, coalesces or drops, and counts it, so a slow peer never stalls the
+    media path). ``results()`` yields transcripts in order and ends after ``aclose()``; a provider
     failure is raised from it as a :class:`SpeechError` (``provider_unavailable`` or
     ``provider_timeout``), after which the stream yields nothing more. Changing language or hints
-    (seed 004 ``listen.update``) means opening a new stream.
+    (``listen.update``) means opening a new stream.
     """
 
     def feed(self, pcm16: bytes) -> None: ...
@@ -152,14 +153,14 @@ class SttProvider(Protocol):
 
 
 class SpeechError(Exception):
-    """Base of every speech failure. ``code`` is the seed 004 error code the app receives, and
-    ``str(exc)`` is safe to send as the error's ``message`` (it never holds secrets)."""
+    """Base of every speech failure. ``code`` is the session-protocol error code the app receives,
+    and ``str(exc)`` is safe to send as the error's ``message`` (it never holds secrets)."""
 
     code: str = "internal"
 
 
 class InvalidCatalogId(SpeechError):
-    """A voice or language the catalog does not hold (INTERFACES.md section 8)."""
+    """A voice or language the catalog does not hold (docs/speech.md, "Catalog ids")."""
 
     code = "invalid_catalog_id"
 

@@ -1,11 +1,11 @@
 """The speech catalog: which voice and language ids exist, and which voice speaks an item.
 
-INTERFACES.md section 8: voices are catalog ids ``provider/voice``, languages BCP-47 tags, and an
-id not in the catalog is answered with ``error invalid_catalog_id`` (seed 004, "Errors"). The
-catalog raises :class:`InvalidCatalogId`; the caller turns it into that error.
+docs/speech.md, "Catalog ids": voices are catalog ids ``provider/voice``, languages BCP-47 tags, and
+an id not in the catalog is answered with ``error invalid_catalog_id`` (docs/protocol-session-v1.md,
+"Errors"). The catalog raises :class:`InvalidCatalogId`; the caller turns it into that error.
 
-Choosing a voice for a ``speak`` (seed 004, "speak": ``voice`` and ``language`` override the app's
-defaults for one item):
+Choosing a voice for a ``speak`` (docs/protocol-session-v1.md, ``speak``: ``voice`` and ``language``
+override the app's defaults for one item):
 
 * both given: that voice, and it must speak that language (else ``feature_not_supported``: the
   ids exist, the provider just cannot do it);
@@ -39,7 +39,7 @@ from appbridge.speech.providers.local import LocalTtsProvider
 if TYPE_CHECKING:
     from appbridge.config import Config
 
-# Seed 004 caps every id at 128 characters; a longer "tag" is not worth parsing.
+# The session protocol caps every id at 128 characters; a longer "tag" is not worth parsing.
 MAX_LANGUAGE_TAG_CHARS = 128
 
 
@@ -194,7 +194,7 @@ class SpeechCatalog:
         return voice_id in self._voices
 
     def resolve_voice(self, voice_id: str) -> tuple[TtsProvider, VoiceInfo]:
-        """The provider and voice of a catalog id; ids are case-sensitive, as seed 004 ids are."""
+        """The provider and voice of a catalog id; ids are case-sensitive."""
         try:
             return self._voices[voice_id]
         except KeyError:
@@ -252,7 +252,8 @@ class SpeechCatalog:
 
 
 def default_catalog() -> SpeechCatalog:
-    """The embedded default's catalog (INTERFACES.md section 3): the offline ``local`` provider.
+    """The embedded default's catalog (docs/configuration.md, "The embedded default"): the offline
+    ``local`` provider.
 
     Cheap: constructing the provider loads no engine, so ``appbridge check-config`` stays fast;
     eSpeak NG is loaded on the first synthesis.
@@ -263,10 +264,10 @@ def default_catalog() -> SpeechCatalog:
 def build_catalog(config: Config) -> SpeechCatalog:
     """The catalog of a configuration: ``local`` always, then each configured cloud provider.
 
-    ``[speech.deepgram]`` adds ``deepgram/<aura model>`` voices (INTERFACES.md section 8), e.g.
-    ``deepgram/aura-2-thalia-en``. The default voice stays ``local/en-US``: an app picks a cloud
-    voice by naming it, so a missing key or an outage never changes what other apps sound like.
-    Cheap, like :func:`default_catalog`: no connection is made until the first synthesis. The
+    ``[speech.deepgram]`` adds ``deepgram/<aura model>`` voices (docs/speech.md, "Catalog ids"),
+    e.g. ``deepgram/aura-2-thalia-en``. The default voice stays ``local/en-US``: an app picks a
+    cloud voice by naming it, so a missing key or an outage never changes what other apps sound
+    like. Cheap, like :func:`default_catalog`: no connection is made until the first synthesis. The
     caller owns the Deepgram provider's HTTP client: ``await provider.aclose()`` at shutdown.
     """
     providers: list[TtsProvider] = [LocalTtsProvider()]

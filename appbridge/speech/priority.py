@@ -1,10 +1,10 @@
-"""Speech worker threads run at a lower CPU priority than the event loop (issue 7).
+"""Speech worker threads run at a lower CPU priority than the event loop.
 
 Why: synthesis (eSpeak NG) and local recognition are CPU-bound C code that runs with the GIL
 released, so the operating system, not the interpreter, decides who runs when a worker and the
 event loop want the same core. At equal priority the loop waits for the worker's time slice:
 caller packets, app frames and media ticks are late by up to a few milliseconds whenever a
-``speak`` is being synthesised. That is the case the issue measures (one gateway process pinned
+``speak`` is being synthesised. That is the case the benchmark measures (one gateway process pinned
 to one core), and on a loaded multi-core machine the same contention happens. Speech work is
 not time-critical at that scale (its audio is buffered ahead of playout); the media loop is.
 

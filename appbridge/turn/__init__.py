@@ -1,4 +1,4 @@
-"""Turn-taking: voice activity detection and the turn detector (seed 004, "Turn events").
+"""Turn-taking: voice activity detection and the turn detector (docs/turn-taking.md).
 
 Both are sans-I/O cores; the call engine feeds them frames, transcripts and time.
 """

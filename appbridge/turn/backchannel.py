@@ -1,8 +1,8 @@
 """Which utterances are backchannels: short acknowledgments that are not a turn.
 
-Seed 004, "Interruptions": 'Short acknowledgments ("uh-huh") arrive as ``turn.backchannel``
-instead and do not produce ``turn.user_started``.' Deciding that needs words, so the rule is on
-the transcript: an utterance is a backchannel when its text, lower-cased and stripped of
+docs/protocol-session-v1.md, "Interruptions": short acknowledgments ("uh-huh") arrive as
+``turn.backchannel`` and never produce ``turn.user_started``. Deciding that needs words, so the rule
+is on the transcript: an utterance is a backchannel when its text, lower-cased and stripped of
 punctuation, is made only of acknowledgment phrases of the caller's language (plus the universal
 "mm-hmm" family), with at most :data:`MAX_BACKCHANNEL_WORDS` words. "yeah okay" and "uh-huh, right"
 are backchannels; "yeah I need help" and "okay so" are not. "yes" and "no" are answers, never

@@ -1,4 +1,4 @@
-"""The turn detector: when the caller starts and stops talking (seed 004, "Turn events").
+"""The turn detector: when the caller starts and stops talking (docs/turn-taking.md).
 
 Theory of operation
 -------------------
@@ -17,9 +17,9 @@ Phases: IDLE, CANDIDATE (speech heard, not yet known to be a turn), TURN (``User
 * CANDIDATE --> TURN with ``UserStarted`` as soon as either (a) ``confirm_speech_s`` (0.7 s) have
   passed between the onset and a speech frame, or (b) a transcript of the candidate holds a word
   that is not a backchannel word (:mod:`appbridge.turn.backchannel`). This is why ``UserStarted``
-  waits: seed 004 says a backchannel must never produce it. Cost: up to 0.7 s from onset for an
-  utterance the STT has not yet transcribed; a short answer ("No.") starts its turn when its final
-  transcript arrives.
+  waits: a backchannel must never produce it (docs/protocol-session-v1.md, "Interruptions"). Cost:
+  up to 0.7 s from onset for an utterance the STT has not yet transcribed; a short answer ("No.")
+  starts its turn when its final transcript arrives.
 * CANDIDATE --> IDLE with ``Backchannel(text)`` when the caller is silent and a final transcript
   arrived since the last speech frame, and everything transcribed is acknowledgment phrases.
   Silently, when it is empty (a cough), or when ``candidate_wait_s`` (2 s) of silence pass with no
@@ -31,8 +31,8 @@ Phases: IDLE, CANDIDATE (speech heard, not yet known to be a turn), TURN (``User
 * ``LikelyEnded`` needs a recognised word (there is nothing to prepare a reply to before that);
   when the first words arrive after the hold, it is sent at once.
 * TURN with no recognised word at all: no ``LikelyEnded``/``Ended`` by the pause timers; instead
-  ``Ended(abandoned=True, text="")`` exactly ``abandon_s`` (10 s) after ``UserStarted`` (seed 004:
-  "10 s passed with no speech after turn.user_started").
+  ``Ended(abandoned=True, text="")`` exactly ``abandon_s`` (10 s) after ``UserStarted``
+  (docs/turn-taking.md, "The rules").
 
 The wait (docs/turn-taking.md has the measured figures):
 
@@ -76,7 +76,8 @@ __all__ = [
 
 Patience: TypeAlias = Literal["low", "normal", "high"]
 
-#: Silence after the last speech frame before ``Ended``, before adaptation (seed 004 "patience").
+#: Silence after the last speech frame before ``Ended``, before adaptation
+#: (docs/turn-taking.md, "Patience and the wait").
 PATIENCE_WAIT_S: Final[dict[str, float]] = {"low": 0.3, "normal": 0.7, "high": 1.2}
 
 # Float slack for deadline comparisons: times are sums of 20 ms steps.
@@ -234,7 +235,7 @@ class TurnDetector:
         self._fresh_text = False  # any transcript arrived after the last speech frame
         self._words_seen = False
 
-    # -- settings (seed 004 "listen.update": from now on) ----------------------------------------
+    # -- settings (``listen.update`` applies from now on) ----------------------------------
 
     @property
     def patience(self) -> Patience:

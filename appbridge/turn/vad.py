@@ -1,4 +1,4 @@
-"""Voice activity detection on every 20 ms caller frame (seed 004, "Turn events").
+"""Voice activity detection on every 20 ms caller frame (docs/turn-taking.md).
 
 The turn detector needs one bit per frame, "is the caller making speech sounds", for every frame
 of every live call, so the cost per frame matters more than anything else here. WebRTC's VAD (the
@@ -6,11 +6,11 @@ of every live call, so the cost per frame matters more than anything else here. 
 2 µs per 20 ms frame on this machine (``tests/unit/test_vad.py`` measures it; docs/turn-taking.md
 has the figure), against hundreds of µs for a neural VAD.
 
-Rates: the WebRTC VAD takes 8, 16, 32 or 48 kHz and frames of 10, 20 or 30 ms. A call's session
-rate is 8, 16 or 24 kHz (seed 004, "Connecting": ``pcm16`` at 8, 16 or 24 kHz); 24 kHz frames are
-resampled to 16 kHz with audioop's linear-interpolation resampler, whose state is kept between
-frames (a 20 ms frame costs about 1 µs more). Everything the classifier looks at lies below 4 kHz,
-so the 16 kHz copy loses nothing it uses.
+Rates: the WebRTC VAD takes 8, 16, 32 or 48 kHz and frames of 10, 20 or 30 ms. A call's session rate
+is 8, 16 or 24 kHz (docs/protocol-session-v1.md, ``session.start``: ``pcm16`` at 8, 16 or 24 kHz);
+24 kHz frames are resampled to 16 kHz with audioop's linear-interpolation resampler, whose state is
+kept between frames (a 20 ms frame costs about 1 µs more). Everything the classifier looks at lies
+below 4 kHz, so the 16 kHz copy loses nothing it uses.
 
 The energy gate: a frame quieter than ``min_dbfs`` is never speech. Line noise and comfort noise
 sometimes fool the GMM; real speech on a phone line sits around -30 to -15 dBFS, so a gate at
@@ -51,7 +51,7 @@ __all__ = [
 
 #: Frame lengths the WebRTC VAD accepts.
 FRAME_MS_CHOICES: Final = (10, 20, 30)
-#: Session rates a call may feed (seed 004, "Connecting"), and the rate the classifier runs at.
+#: Session rates a call may feed (``session.start``), and the rate the classifier runs at.
 SESSION_RATES_HZ: Final[dict[int, int]] = {8000: 8000, 16000: 16000, 24000: 16000}
 #: The floor of :func:`frame_dbfs`: a frame of digital silence (all zeros) reads this.
 SILENCE_DBFS: Final = -96.0

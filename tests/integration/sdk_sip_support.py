@@ -1,8 +1,8 @@
-"""Helpers of tests/integration/test_sdk_sip.py: the SDK over the SIP carrier (issue 8).
+"""Helpers of tests/integration/test_sdk_sip.py: the SDK over the SIP carrier.
 
 - :func:`sdk_sip_env`: the real gateway in-process with ``[sip]`` on a free loopback UDP port
   and one trunk (``party``, 127.0.0.1 at :attr:`SdkSipEnv.party_port`: where a sipp UAS plays
-  the new party of transfers; its host also admits the loopback caller, INTERFACES.md §4), two
+  the new party of transfers; its host also admits the loopback caller, docs/sip.md), two
   SDK ``AppServer`` apps (``main`` and ``second``, for handoffs) and a small HTTP server with
   the WAV files that ``play``/``hold`` fetch.
 - :class:`ReferringCaller`: the SIP test caller that also acts as an RFC 3515 referee.

@@ -139,7 +139,7 @@ async def test_play_failures_are_play_fetch_failed(env: Env, media_server: Loopb
             lambda m, i=item: m["type"] == "error" and m["relatesTo"] == i, timeout=10
         )
         assert err["code"] == "play_fetch_failed", err
-    # Without an id the error relates to the command's type (INTERFACES §6).
+    # Without an id the error relates to the command's type (docs/protocol-session-v1.md).
     await session.send({"type": "play", "url": f"{base}/missing.wav"})
     err = await session.wait_for(
         lambda m: m["type"] == "error" and m["relatesTo"] == "play", timeout=10

@@ -1,4 +1,4 @@
-"""Interop with a real baresip (issue 6): real audio both ways over G.722 and PCMU.
+"""Interop with a real baresip (docs/interop.md): real audio both ways over G.722 and PCMU.
 
 The gateway runs in-process (``gateway_env``) with ``[sip]`` on 127.0.0.1 and one trunk pointing
 at baresip; the app is a :class:`FakeApp` (pcm16 at 16 kHz). baresip is driven through the

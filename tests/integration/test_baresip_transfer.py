@@ -1,4 +1,5 @@
-"""Transfers between two real baresips through the gateway (issue 6): cold, warm and REFER.
+"""Transfers between two real baresips through the gateway (docs/sip.md, "Transfers"): cold, warm
+and REFER.
 
 Two baresip 1.0.0 processes (tests/integration/baresip.py) stand on either side of the gateway,
 which runs in-process (``gateway_env``) with ``[sip]`` on loopback and one trunk, ``main``,
@@ -8,7 +9,7 @@ pointing at B:
 - **B**, the new party, auto-answers the gateway's (or A's) INVITE and plays a 1.5 kHz tone.
 
 A's source address (127.0.0.1) is the trunk's host, so A's call belongs to trunk ``main`` and an
-E.164 transfer target is dialed through it, to B (INTERFACES.md §6, "Transfer targets"). The app
+E.164 transfer target is dialed through it, to B (docs/sip.md, "Transfers"). The app
 is a :class:`FakeApp` (pcm16 16 kHz). Each test checks what each baresip really heard, decoded
 by baresip itself (its ``sndfile`` recordings), by the dominant frequency of every loud 100 ms
 window (``tone_windows`` of test_baresip.py), plus the session's events and

@@ -1,4 +1,4 @@
-"""Call control and listen-only sockets on Twilio calls (issue 3), over loopback."""
+"""Call control and listen-only sockets on Twilio calls, over loopback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``appbridge call`` against a real gateway on the embedded default (issue 2 §8: a newcomer can
+"""``appbridge call`` against a real gateway on the embedded default (docs/caller.md: a newcomer can
 place a test call and hear the demo app).
 
 The gateway runs in-process on a loopback port with ``default_config(port)``, so the demo app's

@@ -1,4 +1,4 @@
-"""The SIP test caller (``appbridge.caller_sip``, issue 6) against a real gateway on loopback.
+"""The SIP test caller (``appbridge.caller_sip``) against a real gateway on loopback.
 
 No outside peer is needed: the caller is the gateway's own SIP stack playing the UAC, so these
 tests run everywhere (no sipp/baresip guard). The gateway runs in-process with ``[sip]`` on
@@ -34,7 +34,7 @@ from tests.integration.conftest import SECRET, make_config
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ROUTED = "+15550002222"
-APP_RATE_HZ = 16000  # FakeApp sessions use the seed's default audio: pcm16 at 16 kHz
+APP_RATE_HZ = 16000  # FakeApp sessions use the default app audio: pcm16 at 16 kHz
 SILENT_RMS = 100.0
 APPBRIDGE = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "appbridge"
 

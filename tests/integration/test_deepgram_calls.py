@@ -1,4 +1,4 @@
-"""A call whose app speaks and listens through Deepgram (issue 4), against the fake Deepgram.
+"""A call whose app speaks and listens through Deepgram (docs/speech.md), against the fake Deepgram.
 
 The real clients run inside the real gateway; the fake reproduces Deepgram's wire format.
 """

@@ -1,4 +1,4 @@
-"""How calls begin and end on Twilio (issue 2 §3-§4): hang-ups, retries, fallbacks, the REST API."""
+"""How calls begin and end on Twilio: hang-ups, retries, fallbacks, the REST API."""
 
 from __future__ import annotations
 
@@ -226,9 +226,9 @@ async def test_reload_rotates_the_secret_for_new_calls_only(env: Env) -> None:
 
 
 async def test_a_rotated_secret_signs_what_a_live_call_dials_next(env: Env) -> None:
-    """Seed 004: rotating takes effect immediately. A call that began under the old secret
-    and then dials (a handoff here; also a fallback, an answered outbound call, listeners)
-    signs with the new one, which the app already checks."""
+    """A rotated secret takes effect immediately (docs/operations.md, "Signals"). A call that began
+    under the old secret and then dials (a handoff here; also a fallback, an answered outbound call,
+    listeners) signs with the new one, which the app already checks."""
     second = FakeApp(secret=SECRET)
     await second.start()
     try:

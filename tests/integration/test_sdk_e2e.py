@@ -3,12 +3,13 @@
 The scripted turn events of tests/unit/test_sdk_server.py are replaced here by the gateway's own
 ears (VAD, the offline STT and the turn detector, appbridge/calls/listening.py): a synthesised
 caller speaks through the fake Twilio ingress, as in tests/integration/test_turns.py, and the SDK
-turns what the gateway emits into ``gather`` results (seed 004, "Turn events") and automatic
-barge-in (seed 004, "Interruptions": the gateway keeps playing; the app sends ``clear``).
+turns what the gateway emits into ``gather`` results (docs/protocol-session-v1.md, "Turn and
+transcript events") and automatic barge-in (docs/protocol-session-v1.md, "Interruptions": the
+gateway keeps playing; the app sends ``clear``).
 
 The last test is one SDK call through the inbound SIP carrier with real sipp as the caller (the
 approach of tests/integration/test_sip_sipp.py): the app reads ``from``/``to`` taken from the SIP
-headers (INTERFACES.md §6), speaks, and hangs up, which must reach sipp as a BYE.
+headers (docs/sip.md, "Inbound calls"), speaks, and hangs up, which must reach sipp as a BYE.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ async def test_caller_speech_barges_in_on_an_interruptible_say(sdk: SdkEnv) -> N
     result = await asyncio.wait_for(out, 15)
     assert result.interrupted and result.heard_ms >= 800
     _assert_prefix(result.heard_text, SENTENCE)
-    # The SDK's clear reached Twilio (INTERFACES.md §6: the gateway forwards it), after the
-    # caller began to speak, and nothing of the sentence played on after it.
+    # The SDK's clear reached Twilio (docs/protocol-session-v1.md, ``clear``: the gateway forwards
+    # it), after the caller began to speak, and nothing of the sentence played on after it.
     await call.wait_until(lambda: call.clears_received >= 1, timeout=5)
     assert call.clears_received == 1 and call.clear_times[0] > spoke_at
     cleared_at = call.clear_times[0]

@@ -1,4 +1,4 @@
-"""The voice SDK against the real gateway over loopback, through the SIP carrier (issue 8).
+"""The voice SDK against the real gateway over loopback, through the SIP carrier (docs/sdk.md).
 
 tests/integration/test_sdk.py covers every SDK method on calls from the fake Twilio carrier;
 this module covers them on SIP calls. The caller is :class:`appbridge.caller_sip.SipTestCaller`
@@ -130,7 +130,8 @@ async def test_start_data_comes_from_the_sip_headers(env: SdkSipEnv, caller: Sip
     assert session.app_ref == "main"
     assert session.call_ref.startswith("CA") and len(session.call_ref) == 34
     assert (session.audio.codec, session.audio.rate) == ("pcm16", 16000)
-    # The caller saw 100, then 180 while the app was dialed, then the 200 (INTERFACES.md §6).
+    # The caller saw 100, then 180 while the app was dialed, then the 200 (docs/sip.md, "Inbound
+    # calls").
     assert {e.status for e in caller.history if e.kind == "provisional"} >= {100, 180}
     assert caller.status == 200 and not caller.ended
 
@@ -162,7 +163,8 @@ async def test_clear_interrupts_say_and_the_caller_hears_silence(
     await asyncio.sleep(0.5)
     heard = caller.heard()
     assert voiced_s(heard[:cleared_at]) > 0.5  # the sentence was playing
-    # Seed 004: silence within 40 ms of the clear; 160 ms allows for the caller's jitter buffer.
+    # docs/protocol-session-v1.md, ``clear``: silence within 40 ms; 160 ms allows for the caller's
+    # jitter buffer.
     assert is_silent(heard[cleared_at + at_s(0.16) :])
 
 

@@ -1,4 +1,5 @@
-"""``appbridge serve`` as a real process: start-up, SIGHUP reload, SIGTERM drain (INTERFACES §2)."""
+"""``appbridge serve`` as a real process: start-up, SIGHUP reload, SIGTERM drain
+(docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""fonoster.session.v1 end to end on Twilio calls (issue 2 §5), over real loopback sockets.
+"""fonoster.session.v1 end to end on Twilio calls (docs/protocol-session-v1.md), over real loopback
+sockets.
 
 The gateway runs in-process; Twilio (webhook, Media Stream, REST API) and the app are the fakes of
 ``appbridge.testing``, which speak the wire formats independently of the gateway's codecs.
@@ -137,8 +138,8 @@ async def test_unknown_voice_is_invalid_catalog_id(env: Env) -> None:
     await session.send({"type": "speak", "id": "v2", "text": "hi", "language": "xx-YY"})
     err = await session.wait_for(lambda m: m.get("relatesTo") == "v2", timeout=5)
     assert err["code"] == "invalid_catalog_id"
-    # Without an id, relatesTo is the command's type (INTERFACES §6), not an id the gateway
-    # made up and the app never saw.
+    # Without an id, relatesTo is the command's type (docs/protocol-session-v1.md), not an id the
+    # gateway made up and the app never saw.
     await session.send({"type": "speak", "text": "hi", "voice": "nope/nothing"})
     err = await session.wait_for(lambda m: m.get("relatesTo") == "speak", timeout=5)
     assert err["code"] == "invalid_catalog_id"
@@ -288,7 +289,7 @@ async def test_unknown_types_and_fields_are_ignored(env: Env) -> None:
     assert session.of_type("error") == []
 
 
-async def test_commands_of_later_issues_are_answered_plainly(env: Env) -> None:
+async def test_subscribe_and_listen_update_are_answered_plainly(env: Env) -> None:
     _, session, _ = await connect(env)
     await session.send({"type": "subscribe", "events": ["turn.estimate"]})
     await session.send({"type": "listen.update", "id": "lu", "language": "zz-ZZ"})

@@ -1,4 +1,4 @@
-"""Outbound SIP calls (``POST /v1/calls``, issue 6) against real sipp as the callee (UAS).
+"""Outbound SIP calls (``POST /v1/calls``; docs/sip.md) against real sipp as the callee (UAS).
 
 The gateway runs in-process with ``[sip]`` on 127.0.0.1 and one trunk pointing at sipp; a
 :class:`FakeApp` is the app. Scenarios: sipp's built-in ``uas`` (answer), ``uas_486.xml``

@@ -1,4 +1,4 @@
-"""More inbound SIP scenarios against real sipp (issue 6), all on loopback.
+"""More inbound SIP scenarios against real sipp (docs/sip.md), all on loopback.
 
 The gateway, :class:`FakeApp` and the missing-sipp guard (fail under ``CI=true``, skip elsewhere)
 come from :mod:`tests.integration.test_sip_sipp`; the scenarios live in ``tests/integration/sipp/``.
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.timeout(60),
 ]
 
-#: Session audio format of the FakeApp session (seed 004 default): pcm16 at 16 kHz.
+#: Session audio format of the FakeApp session (the default app audio): pcm16 at 16 kHz.
 APP_RATE_HZ = 16000
 TONE_HZ = 1000.0
 POLL_S = 0.02

@@ -1,4 +1,5 @@
-"""SIP transfers (issue 6) and outbound TCP trunks against real sipp peers on 127.0.0.1.
+"""SIP transfers (docs/sip.md, "Transfers") and outbound TCP trunks against real sipp peers on
+127.0.0.1.
 
 - ``SipLeg.dial_party`` to a sipp UAS on the call's trunk: answered (``uas_party.xml`` checks
   the caller id and the app's header), busy (``uas_486.xml``), no answer (``uas_ring_cancel.xml``

@@ -1,4 +1,4 @@
-"""WS /twilio/stream on the WebSocket fast path (appbridge/http/ws_fastpath.py, issue 7): same
+"""WS /twilio/stream on the WebSocket fast path (appbridge/http/ws_fastpath.py): same
 port and behaviour as the ASGI route, other WebSocket routes untouched, and a stream's bad input
 or failure ends that stream only."""
 

@@ -1,4 +1,4 @@
-"""An ended call leaves no reference cycle behind (issue 7).
+"""An ended call leaves no reference cycle behind.
 
 The gateway runs full collections on its own schedule (media/gc_pacer.py) and freezes what
 survives one, so each pass walks only what is new; that is sound only while an ended call is

@@ -1,5 +1,5 @@
-"""Turn events end to end (issue 4): a synthesised caller speaks through the Twilio ingress; the
-gateway's VAD, the offline STT and the turn detector answer with ``turn.*`` events."""
+"""Turn events end to end (docs/turn-taking.md): a synthesised caller speaks through the Twilio
+ingress; the gateway's VAD, the offline STT and the turn detector answer with ``turn.*`` events."""
 
 from __future__ import annotations
 

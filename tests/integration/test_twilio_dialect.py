@@ -1,4 +1,5 @@
-"""The Twilio dialect toward apps and the Twilio-compatible REST endpoint (issue 5), on loopback.
+"""The Twilio dialect toward apps and the Twilio-compatible REST endpoint (docs/protocol-twilio.md),
+on loopback.
 
 The app here is a plain websockets server that reads and writes Twilio Media Stream JSON by
 hand, as a Twilio-built app would.
@@ -358,7 +359,7 @@ async def test_a_twilio_dialect_listener_is_read_only() -> None:
 
 
 async def test_no_vad_turns_or_stt_run_for_a_twilio_dialect_app() -> None:
-    """The dialect has no turn or transcript messages (seed 004, "Twilio protocol"), so the
+    """The dialect has no turn or transcript messages (docs/protocol-twilio.md), so the
     gateway hears nothing for it: no VAD, no turn detector, no STT stream (a local STT costs
     several % of a core per call)."""
     async with twilio_env() as (env, app):

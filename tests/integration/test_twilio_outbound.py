@@ -1,4 +1,5 @@
-"""Outbound calls through Twilio (``POST /v1/calls`` with ``"carrier": "twilio"``, issue 6).
+"""Outbound calls through Twilio (``POST /v1/calls`` with ``"carrier": "twilio"``;
+docs/protocol-twilio.md).
 
 A real gateway on loopback, the fake Twilio REST API (Calls create, status callbacks, the Media
 Stream of the answered callee) and a fake app. The callee's behaviour is scripted per called
@@ -67,7 +68,7 @@ async def test_answered_call_opens_an_outbound_session_with_audio_both_ways(env:
     env.rest.dialer.callees[callee] = Callee("answer", after_ms=100)
     ref = await place(env, callee, metadata={"campaign": "spring", "n": 3})
     out = await env.rest.dialer.next_call()
-    assert out.call.call_sid == ref  # callRef is the CallSid (INTERFACES §7)
+    assert out.call.call_sid == ref  # callRef is the CallSid (docs/protocol-session-v1.md)
     # The create request, as Twilio documents it.
     assert out.param("To") == callee and out.param("From") == CALLER
     assert out.request["StatusCallbackEvent"] == ["initiated", "ringing", "answered", "completed"]

@@ -1,5 +1,5 @@
 """``wss://`` app links verify against system roots plus the operator's private CA bundle
-(seed 000, "Private CA"; issue 2 §4), with a CA and a server certificate made by openssl here."""
+(docs/configuration.md, ``ca_bundle``), with a CA and a server certificate made by openssl here."""
 
 from __future__ import annotations
 

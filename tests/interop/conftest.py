@@ -5,7 +5,7 @@ deploy/install-test-peers.sh (``make install-test``), so that its many pins neve
 gateway's environment. The Pipecat app (tests/interop/pipecat_app.py) runs as a subprocess of
 that interpreter and reports what it did as JSON lines on stdout.
 
-Under ``CI=true`` a missing or broken ``.venv-pipecat`` fails the test (INTERFACES.md §1: a
+Under ``CI=true`` a missing or broken ``.venv-pipecat`` fails the test (docs/interop.md: a
 missing peer must fail the run); elsewhere it is skipped, with the command that installs it.
 """
 

@@ -1,14 +1,14 @@
-"""A real Pipecat app built for Twilio Media Streams, for the interop test (issue 5).
+"""A real Pipecat app built for Twilio Media Streams, for the interop test (docs/interop.md).
 
 Run in the Pipecat virtualenv (``.venv-pipecat``, see deploy/install-test-peers.sh), never in the
 gateway's own: it imports ``pipecat``, ``fastapi`` and ``uvicorn`` from there. The gateway dials it
-with ``protocol = "twilio"`` (seed 004, "Twilio protocol") exactly as Twilio would, and nothing
+with ``protocol = "twilio"`` (docs/protocol-twilio.md) exactly as Twilio would, and nothing
 here knows it is not Twilio: the WebSocket is handled as Pipecat's own runner handles a Twilio
 call (``parse_telephony_websocket`` reads the first two text frames, ``connected`` then
 ``start``), the serializer is Pipecat's ``TwilioFrameSerializer`` with ``base_url`` pointed at the
 gateway, and the call ends through Pipecat's ``auto_hang_up``, which POSTs ``Status=completed``
-to ``{base_url}/2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json`` (reference/twilio.md,
-"What Pipecat's Twilio serializer does").
+to ``{base_url}/2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json`` (docs/protocol-twilio.md,
+"Hanging up a Twilio-dialect call").
 
 Scenarios (``--scenario``):
 
@@ -58,8 +58,8 @@ from pipecat.transports.websocket.fastapi import (
 )
 from pipecat.workers.runner import WorkerRunner
 
-#: Twilio Media Streams carry µ-law at 8 kHz (reference/twilio.md); the pipeline runs at that rate
-#: so that the serializer never resamples and an echoed tone keeps its exact frequency.
+#: Twilio Media Streams carry µ-law at 8 kHz (docs/protocol-twilio.md); the pipeline runs at that
+#: rate so that the serializer never resamples and an echoed tone keeps its exact frequency.
 RATE_HZ = 8000
 #: Input audio kept for the frequency measurement: enough for a few seconds of call.
 MAX_KEPT_BYTES = RATE_HZ * 2 * 10

@@ -1,11 +1,11 @@
-"""Interop with real Pipecat (issue 5; seed 004, "Twilio protocol").
+"""Interop with real Pipecat (docs/interop.md; docs/protocol-twilio.md).
 
 A call comes in through the Twilio carrier ingress (the fake Twilio plays the caller), the
 gateway dials a real Pipecat app (tests/interop/pipecat_app.py, in ``.venv-pipecat``) with the
 Twilio dialect, and Pipecat, which believes it is talking to Twilio, parses ``connected`` and
 ``start`` with its own runner code, echoes the caller's audio through ``TwilioFrameSerializer``
 and, when its pipeline ends, hangs up through the gateway's Twilio-compatible REST endpoint
-(``auto_hang_up`` with ``base_url`` = the gateway; reference/twilio.md).
+(``auto_hang_up`` with ``base_url`` = the gateway; docs/protocol-twilio.md).
 
 Real time is bounded: each test lasts about 5 s (up to 3 s of call, about 1 s for the Pipecat
 process to start, the hang-up), far under the 30 s budget; every wait has a timeout.

@@ -1,4 +1,5 @@
-"""Admission control (issue 7): the CPU meter in virtual time, and the refusal rules."""
+"""Admission control (docs/configuration.md): the CPU meter in virtual time, and the refusal
+rules."""
 
 from __future__ import annotations
 

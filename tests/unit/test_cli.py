@@ -1,4 +1,4 @@
-"""The command line (INTERFACES §2): serve, check-config, sign."""
+"""The command line (docs/operations.md): serve, check-config, sign."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration loading and validation (INTERFACES §3, §4; seed 000 for ws:// and the CA)."""
+"""Configuration loading and validation (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def problems(text: str, env: Mapping[str, str] | None = None, **kwargs: object) 
 # -- the embedded default ----------------------------------------------------------------------
 
 
-def test_default_config_matches_interfaces_section_3() -> None:
+def test_default_config_matches_the_documented_embedded_default() -> None:
     config = default_config()
     assert config.server == ServerConfig(host="127.0.0.1", port=8080)
     assert config.server.public_url is None and config.server.base_url() == "http://127.0.0.1:8080"

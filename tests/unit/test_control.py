@@ -1,4 +1,5 @@
-"""Call-control rules (seed 004 "Call control"): hold gating, handoff limits, DTMF tone timing."""
+"""Call-control rules (docs/protocol-session-v1.md, "Call control"): hold gating, handoff limits,
+DTMF tone timing."""
 
 from __future__ import annotations
 

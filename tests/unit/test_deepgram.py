@@ -167,7 +167,9 @@ def test_word_estimate_is_monotonic_and_ends_with_the_audio() -> None:
         (503, ProviderUnavailable, "failed (HTTP 503)"),
     ],
 )
-def test_http_errors_map_to_seed_codes(status: int, kind: type[SpeechError], fragment: str) -> None:
+def test_http_errors_map_to_session_error_codes(
+    status: int, kind: type[SpeechError], fragment: str
+) -> None:
     body = b'{"err_code":"INVALID_AUTH","err_msg":"Invalid credentials.","request_id":"r"}'
     error = error_from_http(status, body, "TTS")
     assert type(error) is kind

@@ -1,5 +1,5 @@
 """Which STT providers a gateway loads at start (Gateway.stt_in_use): the ones its fonoster apps
-listen with; Twilio-dialect apps listen with none (seed 004, "Twilio protocol": no Speech layer)."""
+listen with; Twilio-dialect apps listen with none (docs/protocol-twilio.md: no speech layer)."""
 
 from __future__ import annotations
 

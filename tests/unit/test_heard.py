@@ -1,8 +1,8 @@
-"""Output events timed by what the caller heard (seed 004: ``mark`` "when everything queued
-before it was heard", ``output.done`` "heard completely", ``heardMs``), on a carrier that keeps a
-lead over its playout (Twilio). A real ``Call`` in virtual time (``test_transfer_engine``'s rig)
-with a leg that models the far end: it plays one buffered frame per tick and drops its buffer on
-``clear``, as Twilio does."""
+"""Output events timed by what the caller heard (docs/protocol-session-v1.md: ``mark`` when
+everything queued before it was heard, ``output.done`` when heard completely, ``heardMs``), on a
+carrier that keeps a lead over its playout (Twilio). A real ``Call`` in virtual time
+(``test_transfer_engine``'s rig) with a leg that models the far end: it plays one buffered frame per
+tick and drops its buffer on ``clear``, as Twilio does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The offline ``local`` TTS provider: real eSpeak NG, no mocks (INTERFACES.md sections 3, 8)."""
+"""The offline ``local`` TTS provider: real eSpeak NG, no mocks (docs/speech.md)."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_a_failing_subscriber_is_removed_and_others_keep_ticking() -> None:
     assert clock.subscribers == 1
 
 
-# -- the tick in slices (issue 7): the loop serves sockets between slices -------------------------
+# -- the tick in slices: the loop serves sockets between slices -------------------------
 
 
 async def test_a_sliced_tick_lets_other_callbacks_run_between_slices() -> None:

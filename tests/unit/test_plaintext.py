@@ -1,4 +1,4 @@
-"""The plaintext ws:// rule (INTERFACES §4, seed 000 "Transport and connection") and redaction."""
+"""The plaintext ws:// rule (docs/configuration.md) and redaction."""
 
 from __future__ import annotations
 

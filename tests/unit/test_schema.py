@@ -1,5 +1,5 @@
 """schema/session.v1.json: generated from the codec, committed, and equal to it in what it
-accepts (seed 004: "one schema per message")."""
+accepts (docs/protocol-session-v1.md: one definition per message)."""
 
 from __future__ import annotations
 

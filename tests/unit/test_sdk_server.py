@@ -1,10 +1,10 @@
 """The SDK server against a scripted "gateway" peer over real loopback WebSockets.
 
-The peer plays the gateway's part with the websockets client and json only: it signs the
-request (hmac, as seed 004 says), sends ``session.start`` and then whatever the test scripts,
-including the turn events the gateway's turn detector sends (seed 004, "Turn events"), so gather
-of a speech turn and automatic barge-in are tested on the wire. Bad input is sent the same way:
-a bad or stale signature, garbage frames, a peer that vanishes mid-await.
+The peer plays the gateway's part with the websockets client and json only: it signs the request
+(hmac, as docs/protocol-session-v1.md says), sends ``session.start`` and then whatever the test
+scripts, including the turn events the gateway's turn detector sends (docs/protocol-session-v1.md),
+so gather of a speech turn and automatic barge-in are tested on the wire. Bad input is sent the same
+way: a bad or stale signature, garbage frames, a peer that vanishes mid-await.
 """
 
 from __future__ import annotations

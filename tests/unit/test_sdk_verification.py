@@ -1,7 +1,7 @@
 """Signature checks of the SDK server, error classes, and decoding of frames from the gateway.
 
-Signatures are computed here with hmac directly (seed 004, "Verifying the connection"), not with
-the code under test, so a symmetric bug cannot pass.
+Signatures are computed here with hmac directly (docs/protocol-session-v1.md, "Connection and
+frames"), not with the code under test, so a symmetric bug cannot pass.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fonoster.session.v1 codec: seed 004 and INTERFACES.md §6 as executable checks."""
+"""The fonoster.session.v1 codec: docs/protocol-session-v1.md as executable checks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from appbridge.protocol import session_v1 as s
 
-SEED_SESSION_START: dict[str, Any] = {
+EXAMPLE_SESSION_START: dict[str, Any] = {
     "type": "session.start",
     "protocol": "fonoster.session.v1",
     "sessionRef": "8aa0b7b7-3f75-427e-86c2-14c2834ed4b1",
@@ -32,7 +32,7 @@ SEED_SESSION_START: dict[str, Any] = {
 }
 
 
-def seed_session_start() -> s.SessionStart:
+def example_session_start() -> s.SessionStart:
     return s.SessionStart(
         session_ref="8aa0b7b7-3f75-427e-86c2-14c2834ed4b1",
         call_ref="room-1",
@@ -56,7 +56,7 @@ def frame(obj: Any) -> bytes:
 # --- commands ---------------------------------------------------------------------------------
 
 
-def test_speak_defaults_follow_the_seed_table() -> None:
+def test_speak_defaults_follow_the_protocol_table() -> None:
     cmd = s.decode_command(b'{"type":"speak","text":"Hello"}')
     assert cmd == s.Speak(text="Hello")
     assert isinstance(cmd, s.Speak)
@@ -90,14 +90,14 @@ def test_speak_streaming_piece_keeps_every_field() -> None:
     )
 
 
-def test_seed_play_example_decodes() -> None:
+def test_documented_play_example_decodes() -> None:
     cmd = s.decode_command(
         '{ "type": "play", "id": "p1", "url": "https://example.com/hold.wav", "loop": false }'
     )
     assert cmd == s.Play(url="https://example.com/hold.wav", id="p1", loop=False)
 
 
-def test_seed_subscribe_and_listen_update_examples_decode() -> None:
+def test_documented_subscribe_and_listen_update_examples_decode() -> None:
     sub = s.decode_command(
         '{ "type": "subscribe", "events": ["turn.estimate", "transcript.partial"] }'
     )
@@ -163,7 +163,7 @@ def test_encode_command_round_trips_and_omits_defaults() -> None:
     assert s.decode_command(s.encode_command(t)) == t
 
 
-# --- bad messages and relatesTo (INTERFACES.md §6) -------------------------------------------
+# --- bad messages and relatesTo ("Errors for bad input") -----------------------------------------
 
 
 def test_wrong_field_type_names_the_field_and_relates_to_the_id() -> None:
@@ -320,16 +320,16 @@ def test_relates_to_is_always_the_id_or_the_type(msg_type: str, fields: dict[str
 # --- events -----------------------------------------------------------------------------------
 
 
-def test_session_start_matches_the_seed_example_exactly() -> None:
-    encoded = s.encode_event(seed_session_start())
-    assert json.loads(encoded) == SEED_SESSION_START
-    # Same key order as the seed, handoff present as null.
-    assert list(json.loads(encoded)) == list(SEED_SESSION_START)
+def test_session_start_matches_the_example_exactly() -> None:
+    encoded = s.encode_event(example_session_start())
+    assert json.loads(encoded) == EXAMPLE_SESSION_START
+    # Same key order as the example, handoff present as null.
+    assert list(json.loads(encoded)) == list(EXAMPLE_SESSION_START)
     assert b'"handoff":null' in encoded
 
 
 def test_session_start_carries_a_handoff_payload() -> None:
-    start = seed_session_start()
+    start = example_session_start()
     start.handoff = {"from": "a", "n": 1}
     assert json.loads(s.encode_event(start))["handoff"] == {"from": "a", "n": 1}
 
@@ -391,14 +391,14 @@ def test_decode_event_handles_unknown_and_bad_frames() -> None:
     bad = s.decode_event(b'{"type":"output.done","id":"a"}')
     assert isinstance(bad, s.BadMessage)
     assert "heardMs" in bad.message
-    assert s.decode_event(seed_session_start_bytes()) == seed_session_start()
+    assert s.decode_event(example_session_start_bytes()) == example_session_start()
 
 
-def seed_session_start_bytes() -> bytes:
-    return json.dumps(SEED_SESSION_START).encode()
+def example_session_start_bytes() -> bytes:
+    return json.dumps(EXAMPLE_SESSION_START).encode()
 
 
-def test_tables_match_the_seed() -> None:
+def test_tables_match_the_protocol_doc() -> None:
     assert {
         "caller_hangup",
         "app_hangup",

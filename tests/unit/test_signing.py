@@ -1,4 +1,4 @@
-"""Fonoster connection signatures (seed 004) and X-Twilio-Signature (reference/twilio.md)."""
+"""Fonoster connection signatures and X-Twilio-Signature (docs/protocol-twilio.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ URL = "wss://app.example.com/session?tenant=7"
 SECRET = "s3cret"
 TS = 1_700_000_000
 
-# reference/twilio.md test vector
+# Twilio's published test vector
 TW_TOKEN = "12345"
 TW_URL = "https://mycompany.com/myapp.php?foo=1&bar=2"
 TW_PARAMS = {

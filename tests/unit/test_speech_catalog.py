@@ -1,4 +1,4 @@
-"""The speech catalog: ids, BCP-47 tags and voice choice (INTERFACES.md section 8, seed 004)."""
+"""The speech catalog: ids, BCP-47 tags and voice choice (docs/speech.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The app link's timing rules in virtual time (seed 004, "Connecting", "Keepalive")."""
+"""The app link's timing rules in virtual time (docs/protocol-session-v1.md, "Connection and
+frames")."""
 
 from __future__ import annotations
 

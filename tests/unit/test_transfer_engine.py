@@ -2,7 +2,7 @@
 
 A real ``Call`` on a real ``Gateway`` (not started: no sockets, no media clock task) with fake
 carrier legs and a fake app link; the test drives the media clock's ticks and the injected clock
-itself, so the 30 s answer timeout of seed 004 is checked without waiting.
+itself, so the 30 s answer timeout (docs/protocol-session-v1.md) is checked without waiting.
 """
 
 from __future__ import annotations

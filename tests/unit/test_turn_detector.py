@@ -1,4 +1,4 @@
-"""The turn detector in virtual time (seed 004, "Turn events" and "Interruptions").
+"""The turn detector in virtual time (docs/turn-taking.md).
 
 A script of VAD segments and transcripts is played frame by frame (20 ms) through the detector,
 waking it at each :meth:`next_deadline` between frames as the call engine's timer would, and every

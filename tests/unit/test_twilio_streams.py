@@ -1,4 +1,4 @@
-"""Twilio Media Streams codec, both roles (reference/twilio.md is exact)."""
+"""Twilio Media Streams codec, both roles (docs/protocol-twilio.md)."""
 
 from __future__ import annotations
 

@@ -280,7 +280,7 @@ def test_oversized_message_closes_1009_and_reports_once() -> None:
 
 def test_text_payload_utf8_is_left_to_the_route_decoder() -> None:
     """websockets' sans-I/O parser does not decode text; the route's decoder (msgspec) rejects
-    bad UTF-8 as one bad message, so one bad frame does not end a call (DESIGN.md)."""
+    bad UTF-8 as one bad message, so one bad frame does not end a call."""
     pair = make_pair()
     pair.to_client()
     pair.client.send_frame(Frame(Opcode.TEXT, b"\xff\xfe"))

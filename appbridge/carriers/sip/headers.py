@@ -35,9 +35,9 @@ class SipParseError(ValueError):
     """A message, or one header of it, that does not follow RFC 3261.
 
     ``reason`` is fixed text safe for a reason phrase; ``status`` the response a UAS sends when a
-    response is possible (400, 505 for another SIP version, 513 when over the size limit).
-    ``kind`` lets the shell act without string matching: ``malformed``, ``bad_version``,
-    ``too_large`` (INTERFACES §6: 513 on TCP, dropped on UDP) or ``framing`` (a stream can no
+    response is possible (400, 505 for another SIP version, 513 when over the size limit). ``kind``
+    lets the shell act without string matching: ``malformed``, ``bad_version``, ``too_large``
+    (docs/sip.md, "What is supported": 513 on TCP, dropped on UDP) or ``framing`` (a stream can no
     longer be split into messages). ``fatal`` means the stream connection must be closed.
     ``message`` is the raw message when its start line and header section could be split, so the
     shell can build the 400 from its Via/From/To/Call-ID/CSeq (RFC 3261 §8.2.6.2).

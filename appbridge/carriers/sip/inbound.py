@@ -1,13 +1,15 @@
-"""Inbound SIP calls: the UAS call flow of INTERFACES §6 over the transport and the cores.
+"""Inbound SIP calls: the UAS call flow of docs/sip.md, "Inbound calls", over the transport and the
+cores.
 
 Flow of one call (RFC 3261 §13.3, RFC 3264 §6):
 
-1. INVITE from an allowed source (a trunk's ``host`` or ``allow`` network; loopback only when
-   no trunk is configured, INTERFACES §4), else 403. The Request-URI user part routes the call
-   (``Config.route``), else 404. The SDP offer is answered with PCMU or PCMA plus
+1. INVITE from an allowed source (a trunk's ``host`` or ``allow`` network; loopback only when no
+   trunk is configured; docs/sip.md, "Trunks and who may call"), else 403. The Request-URI user part
+   routes the call (``Config.route``), else 404. The SDP offer is answered with PCMU or PCMA plus
    telephone-event; no common codec is 488 (RFC 3264 §6), a broken body 400.
 2. 100 Trying at once, an RTP port from ``rtp_ports``, then 180 Ringing (with our To tag) while
-   the app is dialed through its 2.5 s retry window (seed 004).
+   the app is dialed through its 2.5 s retry window (docs/protocol-session-v1.md,
+   "Connection and frames").
 3. When the app answers, the :class:`~.leg.SipLeg` is attached (the engine sends
    ``session.start``) and the 200 with the SDP answer goes out at once, retransmitted until the
    ACK (§13.3.1.4). An app that cannot be reached (and no fallback message): 480.
@@ -91,7 +93,7 @@ class SipInbound:
 
     # -- admission ---------------------------------------------------------------------------
     def source_allowed(self, host: str) -> bool:
-        """INTERFACES §4: the trunks' hosts and ``allow`` networks; loopback with no trunk."""
+        """The trunks' hosts and ``allow`` networks; loopback with no trunk (docs/sip.md)."""
         try:
             addr = ipaddress.ip_address(host)
         except ValueError:
@@ -477,8 +479,9 @@ class SipInbound:
         # Keep the entry briefly so retransmitted BYE/ACK still match (§17.2.2 Timer J).
         await asyncio.sleep(32 * self.transport.layer.timers.t1_s)
         self.calls.pop(sc.invite.call_id, None)
-        # The leg's callbacks close over this record and the record holds the leg: let go, so
-        # that reference counting frees the call's SIP side (issue 7, media/gc_pacer.py).
+        # The leg's callbacks close over this record and the record holds the leg: let go, so that
+        # reference counting frees the call's SIP side without a full collection
+        # (media/gc_pacer.py).
         sc.leg = sc.rtp = sc.retransmitter = sc.cleanup = None
 
 

@@ -17,7 +17,7 @@ Header values are decoded as UTF-8 with ``surrogateescape``: a stray Latin-1 dis
 not cost a call, and serialising gives back the octets received.
 
 :class:`SipStreamFramer` cuts a TCP byte stream into messages (§18.3: Content-Length is
-mandatory there). It enforces the 64 KiB limit of INTERFACES §6 (``kind="too_large"``, status
+mandatory there). It enforces the 64 KiB limit of docs/sip.md (``kind="too_large"``, status
 513) and reports framing errors as fatal: the shell answers when it can and closes the
 connection.
 
@@ -63,7 +63,7 @@ __all__ = [
     "response_address",
 ]
 
-MAX_MESSAGE_BYTES = 65536  # INTERFACES §6: over 64 KiB is answered 513 on TCP, dropped on UDP
+MAX_MESSAGE_BYTES = 65536  # docs/sip.md: over 64 KiB is answered 513 on TCP, dropped on UDP
 SIP_VERSION = "SIP/2.0"
 # Headers that may appear once (RFC 3261 §7.3.1 and table 2; RFC 4475 §3.3.8, §3.3.9).
 _SINGLE = ("From", "To", "Call-ID", "CSeq", "Max-Forwards", "Content-Length", "Content-Type")

@@ -1,9 +1,9 @@
-"""Caller and callee numbers of a SIP call, sanitised (seed 000 "Caller identity", INTERFACES §6).
+"""Caller and callee numbers of a SIP call, sanitised (docs/sip.md, "Inbound calls").
 
 Theory of operation
 -------------------
 ``session.start`` carries ``from`` and ``to``: the user parts of the INVITE's From header and of
-its Request-URI (INTERFACES §6), as sent, E.164 or not. The user part of a SIP URI is free text
+its Request-URI, as sent, E.164 or not. The user part of a SIP URI is free text
 the caller chose, so a value is passed on only when, after its ``%HH`` escapes are decoded once
 (RFC 3261 §19.1.2; carriers send ``#`` as ``%23``), it is 1 to 64 characters of
 ``0-9 A-Z a-z + * # . _ -``; otherwise there is no number (``None``), never a cleaned-up guess.
@@ -57,7 +57,7 @@ def called_number(invite: Request) -> str | None:
 
 
 def to_header_number(request: Request) -> str | None:
-    """The To header's user part (seed 000 names To; INTERFACES §6 uses the Request-URI)."""
+    """The To header's user part (``session.start``'s ``to`` comes from the Request-URI instead)."""
     try:
         return number_from_uri(request.to.uri)
     except SipParseError:

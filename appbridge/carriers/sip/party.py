@@ -6,7 +6,7 @@ The call engine (``calls/transfer.py``) asks the call's :class:`~.leg.SipLeg` fo
 the leg hands the work to its :class:`SipCallSignalling`, built by the call flow that owns the
 dialog (``inbound.py`` for inbound calls, ``outbound.py`` for ``POST /v1/calls``).
 
-- **Which trunk** (INTERFACES §6, "Transfer targets"): an E.164 target goes through the call's
+- **Which trunk** (docs/sip.md, "Transfers"): an E.164 target goes through the call's
   own trunk (the trunk an inbound INVITE came from, matched by source address; the trunk an
   outbound call used), else the first trunk; a ``sip:user@host`` target through the trunk whose
   ``host`` it is (the engine already refused other hosts).
@@ -16,7 +16,7 @@ dialog (``inbound.py`` for inbound calls, ``outbound.py`` for ``POST /v1/calls``
   leg; busy, no answer within ``timeout_s`` or any failure raise ``TransferError``
   (``transfer_failed``) with the SIP status; a cancelled await CANCELs (or BYEs a late 2xx).
 - **refer**: RFC 3515 REFER in the call's dialog (``refer.py``); on success our BYE ends the
-  call (INTERFACES §6).
+  call (docs/sip.md, "`refer`: the far end calls the new party").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ target, RFC 3515 §2.4.4-2.4.5), each of which we answer 200 (§2.4.4).
 - time (``next_deadline``/``on_timer``): no final NOTIFY within :data:`NOTIFY_WAIT_S` fails.
 
 Its :attr:`ReferMachine.outcome` is set once, success or failure with a message for the app.
-After success the caller of this module ends the call with a BYE (INTERFACES §6).
+After success the caller of this module ends the call with a BYE (docs/sip.md, "Transfers").
 
 :class:`ReferClient` is the thin asyncio glue: it keeps the machines of REFERs in flight by
 Call-ID, receives their messages from the SIP transaction user, resolves one future per REFER and
@@ -73,7 +73,8 @@ CORE_HEADERS = frozenset(
 
 
 def safe_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
-    """The app's ``headers`` that can travel as SIP header fields (seed 004 ``transfer``).
+    """The app's ``headers`` that can travel as SIP header fields (docs/protocol-session-v1.md,
+    ``transfer``).
 
     A name that is not an RFC 3261 token, a value with CR, LF or NUL (it would split the
     message), a core header (Via, Call-ID, CSeq, From, To, Contact...) or any ``Content-*``

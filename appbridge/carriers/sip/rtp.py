@@ -422,7 +422,7 @@ class _SeqState:
     accepted within :data:`_DUP_WINDOW` of the highest is still there (a newer one with the same
     low bits would be a window or more above it), so a packet within that reach is a duplicate
     exactly when its slot holds its own number: a list index and a compare per packet, where a
-    deque and a set cost several calls through the interpreter (issue 7)."""
+    deque and a set cost several calls through the interpreter."""
 
     __slots__ = ("max_ext", "seen")
 

@@ -5,7 +5,7 @@ It does what the package docstring (``carriers/sip/__init__.py``) lists, and not
 1. Frames and parses: UDP datagrams with ``parse_message``, TCP streams with
    :class:`~.message.SipStreamFramer`. Malformed input gets 400 (505, 513) when
    ``SipParseError.can_respond``; a message over 64 KiB is dropped on UDP and answered 513 on
-   TCP (INTERFACES §6); everything else that cannot be answered is dropped and counted. A TCP
+   TCP (docs/sip.md); everything else that cannot be answered is dropped and counted. A TCP
    connection whose framing broke is closed.
 2. Stamps ``received``/``rport`` on requests (RFC 3581), feeds the
    :class:`~.transaction.TransactionLayer` and carries out its effects: ``Send`` on the peer's

@@ -20,7 +20,8 @@ the :class:`DialOwner`'s business:
    CANCEL). A CANCEL waits for the first provisional response (§9.1); a 2xx that arrives after
    we gave up is ACKed and ended with a BYE (§15).
 5. After the answer: the callee's BYE closes the leg and tells the owner (``caller_hangup``,
-   INTERFACES §6); ``SipLeg.hangup`` sends our BYE; a re-INVITE is answered per RFC 3264 §8.
+   docs/protocol-session-v1.md, ``session.end``); ``SipLeg.hangup`` sends our BYE; a re-INVITE is
+   answered per RFC 3264 §8.
 
 Deadlines (no answer, forgetting a finished dial after 64*T1 so late retransmissions still
 match) are data read through ``next_deadline``/``on_timer(now)``, which ``SipInbound`` feeds

@@ -8,18 +8,18 @@ documents them (developers.deepgram.com):
   container=none``, ``Authorization: Token <key>``, JSON body ``{"text": ...}``. The answer
   streams raw 16-bit PCM; an error is 4xx/5xx with ``{"err_code", "err_msg", "request_id"}``
   (``/reference/errors``).
-* **Why REST and not the TTS WebSocket** (``wss://.../v1/speak``, Speak/Flush/Clear/Close):
-  seed 004 hands us whole ``speak`` texts, not LLM tokens, so there is nothing to stream *in*;
-  one request per item turns a ``clear`` into closing that request, with no ``Clear`` round trip
-  on a shared socket whose next audio might still belong to the cleared item; and the pooled
+* **Why REST and not the TTS WebSocket** (``wss://.../v1/speak``, Speak/Flush/Clear/Close): the
+  session protocol hands us whole ``speak`` texts, not LLM tokens, so there is nothing to stream
+  *in*; one request per item turns a ``clear`` into closing that request, with no ``Clear`` round
+  trip on a shared socket whose next audio might still belong to the cleared item; and the pooled
   HTTP/1.1 connection lets every request after the first skip TCP and TLS set-up, which was the
   WebSocket's only latency advantage. Aura takes at most 2000 characters per request, so a longer
   text is spoken as consecutive requests, split after sentence ends.
 
-Failures become seed 004 errors ("Errors"), never a switch to another provider:
-``ProviderUnavailable`` (refused connection, 401/403, 402/429, 5xx, a broken stream),
-``ProviderTimeout`` (no first audio within ``first_byte_timeout_s``, a stalled transfer) and
-``FeatureNotSupported`` (a language the voice does not speak, a 400 from Deepgram). Messages
+Failures become session-protocol errors (docs/protocol-session-v1.md, "Errors"), never a switch to
+another provider: ``ProviderUnavailable`` (refused connection, 401/403, 402/429, 5xx, a broken
+stream), ``ProviderTimeout`` (no first audio within ``first_byte_timeout_s``, a stalled transfer)
+and ``FeatureNotSupported`` (a language the voice does not speak, a 400 from Deepgram). Messages
 never contain the API key.
 
 heardText: Aura REST returns no word timings, so :func:`estimate_word_timings` spreads the words
@@ -159,7 +159,7 @@ def estimate_word_timings(text: str, duration_ms: int, offset_ms: int = 0) -> li
 
 
 def error_from_http(status: int, body: bytes, what: str) -> SpeechError:
-    """A refused request (REST or WebSocket handshake) as the seed 004 error the app gets.
+    """A refused request (REST or WebSocket handshake) as the session-protocol error the app gets.
 
     ``err_msg`` comes from Deepgram, is shortened, and never contains our key; 400 means the
     request asked for something the model cannot do.

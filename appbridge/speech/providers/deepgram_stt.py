@@ -14,11 +14,11 @@ last results and a ``Metadata`` summary before the close). A refused handshake i
 frame 1008 ``DATA-0000`` (undecodable audio) or 1011 ``NET-0000`` / ``NET-0001`` (timeouts)
 ("STT Troubleshooting WebSocket, NET, and DATA Errors").
 
-Errors (seed 004, "Errors"; never a switch to another provider): ``ProviderUnavailable`` for a
-refused connection, 401/403, 402/429, 5xx, a malformed message or a close we did not ask for;
-``ProviderTimeout`` for a handshake that does not finish within ``open_timeout_s``, results that
-stop coming while audio goes out, and ``NET-*`` closes; ``FeatureNotSupported`` for a language
-or sample rate the model does not take, or a 400.
+Errors (docs/protocol-session-v1.md, "Errors"; never a switch to another provider):
+``ProviderUnavailable`` for a refused connection, 401/403, 402/429, 5xx, a malformed message or a
+close we did not ask for; ``ProviderTimeout`` for a handshake that does not finish within
+``open_timeout_s``, results that stop coming while audio goes out, and ``NET-*`` closes;
+``FeatureNotSupported`` for a language or sample rate the model does not take, or a 400.
 
 Layout: :class:`ListenSession` holds every decision and no I/O (time is an argument); the
 asyncio shell :class:`DeepgramSttStream` owns the socket, one writer task and one reader task.
@@ -136,12 +136,12 @@ class ListenSession:
     """One live transcription session, without I/O.
 
     The shell calls :meth:`feed`, :meth:`finalize` and :meth:`close` as the call asks, sends what
-    :meth:`data_to_send` returns, passes every server text frame to :meth:`receive_text`, and
-    wakes at :meth:`next_deadline` to call :meth:`check_timeout`. Audio waits in a bounded
-    buffer, so feeding never waits on the network: past ``max_buffered_bytes`` new audio is
-    dropped and counted (DESIGN.md, "never wait on a peer"). A ``KeepAlive`` goes out when
-    nothing was sent for ``keepalive_interval_s``. If audio went out and no server message came
-    for ``response_timeout_s``, the session has stalled (:class:`ProviderTimeout`).
+    :meth:`data_to_send` returns, passes every server text frame to :meth:`receive_text`, and wakes
+    at :meth:`next_deadline` to call :meth:`check_timeout`. Audio waits in a bounded buffer, so
+    feeding never waits on the network: past ``max_buffered_bytes`` new audio is dropped and
+    counted, so a slow Deepgram never stalls the media path. A ``KeepAlive`` goes out when nothing
+    was sent for ``keepalive_interval_s``. If audio went out and no server message came for
+    ``response_timeout_s``, the session has stalled (:class:`ProviderTimeout`).
     """
 
     def __init__(
@@ -310,7 +310,7 @@ class DeepgramSttStream:
     reader task turns server messages into transcripts. ``results()`` yields them and raises the
     :class:`SpeechError` that ended the stream, if any; it is meant for one consumer. A send
     that Deepgram does not take within ``send_timeout_s`` (it stopped reading) is a timeout too:
-    every write is bounded (DESIGN.md, "never wait on a peer").
+    every write is bounded, so the gateway never waits on a peer.
     """
 
     def __init__(

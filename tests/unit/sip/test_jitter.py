@@ -297,7 +297,7 @@ def test_invalid_configuration() -> None:
 
 
 def test_pop_ready_hands_on_in_order_packets_on_arrival_and_leaves_gaps_to_pop() -> None:
-    """In-order delivery for the app path (issue 7, inbound latency): a packet that continues
+    """In-order delivery for the app path (inbound latency): a packet that continues
     the sequence is handed on when it arrives; a gap waits for `pop`, which conceals it only once
     the missing packet is overdue, so a packet reordered within the delay still plays in order."""
     jb = JitterBuffer(min_delay_ms=60)

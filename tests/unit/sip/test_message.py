@@ -433,7 +433,7 @@ def test_framer_keeps_a_bad_but_framed_message_for_the_parser() -> None:
     assert caught.value.can_respond and not caught.value.fatal
 
 
-# --- numbers (seed 000 "Caller identity") -------------------------------------------------------
+# --- numbers (docs/sip.md, "Inbound calls") -------------------------------------------------------
 
 
 def test_numbers_from_invite() -> None:

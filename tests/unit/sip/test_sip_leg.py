@@ -171,7 +171,7 @@ def test_g722_is_coded_by_the_leg_with_one_encoder_and_one_decoder_per_call() ->
 
 
 def test_clear_sends_the_next_packet_at_once_and_keeps_the_rate() -> None:
-    """Issue 7, clear-to-silence: the silent packet leaves with the ``clear``, not on the next
+    """Clear-to-silence: the silent packet leaves with the ``clear``, not on the next
     tick; the next tick with nothing to play sends nothing, so sequence numbers and timestamps
     stay continuous and the stream keeps one packet per 20 ms on average."""
     leg, clock, sent, deferred, _ = make_leg()
@@ -241,7 +241,7 @@ def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
 
 
 async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -> None:
-    """Issue 7: one loop callback per tick for every SIP leg (``TickEnds``), each hook its own
+    """One loop callback per tick for every SIP leg (``TickEnds``), each hook its own
     failure boundary; a hook added while the batch runs waits for the next one."""
     import asyncio
 
