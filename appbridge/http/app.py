@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from appbridge.carriers.twilio import TwilioStreamEndpoint, handle_voice_webhook
+from appbridge.carriers.twilio.stream import TwilioStreamEndpoint
+from appbridge.carriers.twilio.webhook import handle_voice_webhook
 from appbridge.demo.app import DemoAppEndpoint
 from appbridge.gateway import Gateway
 from appbridge.http import twilio_rest
