@@ -20,7 +20,7 @@ import httpx
 
 from appbridge.admission import CpuLoad, refusal
 from appbridge.calls.registry import CallRegistry
-from appbridge.carriers.twilio import TwilioRestClient
+from appbridge.carriers.twilio.rest import TwilioRestClient
 from appbridge.clock import Clock, SystemClock
 from appbridge.config import AppConfig, Config
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env

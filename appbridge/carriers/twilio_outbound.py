@@ -50,13 +50,15 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from appbridge.carriers.base import TransferError
-from appbridge.carriers.twilio import TwilioLeg, stream_url, twiml_stream
+from appbridge.carriers.twilio.leg import TwilioLeg
+from appbridge.carriers.twilio.twiml import stream_url, twiml_stream
 from appbridge.protocol.signing import verify_twilio
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
     from appbridge.carriers.sip.outbound import CallRequest
-    from appbridge.carriers.twilio import ASGISend, TwilioRestClient
+    from appbridge.carriers.twilio.leg import ASGISend
+    from appbridge.carriers.twilio.rest import TwilioRestClient
     from appbridge.gateway import Gateway
     from appbridge.protocol.session_v1 import EndReason
     from appbridge.protocol.twilio_streams import TwilioStartInfo

@@ -1,4 +1,4 @@
-"""The Twilio-compatible hang-up endpoint (seed 004 "Twilio protocol"; INTERFACES §5).
+"""The Twilio-compatible hang-up endpoint (docs/protocol-twilio.md, "The REST endpoint, exactly").
 
 ``POST /2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json`` with ``Status=completed`` and
 HTTP Basic ``account_sid:auth_token`` of ``[http]``, so that apps built for Twilio (Pipecat's

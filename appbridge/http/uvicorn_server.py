@@ -77,7 +77,7 @@ def fastpath_enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 def fast_routes(gw: Gateway) -> dict[str, Acceptor]:
     """The WebSocket routes served without ASGI, on the same port as the ASGI routes."""
-    from appbridge.carriers.twilio import accept_twilio_stream
+    from appbridge.carriers.twilio.stream import accept_twilio_stream
 
     return {"/twilio/stream": accept_twilio_stream(gw)}
 

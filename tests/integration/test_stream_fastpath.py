@@ -12,7 +12,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect as ws_connect
 
-from appbridge.carriers.twilio import TwilioLeg
+from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.http.uvicorn_server import FASTPATH_ENV
 from appbridge.http.ws_fastpath import FastWebSocket
 from appbridge.testing.fake_app import FakeSession

@@ -18,7 +18,7 @@ import httpx
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
-from appbridge.carriers.twilio import LEAD_FRAMES
+from appbridge.carriers.twilio.leg import LEAD_FRAMES
 from appbridge.testing.audio import dominant_freq, tone_pcm16, ulaw_decode, ulaw_encode
 from tests.integration.conftest import ACCOUNT_SID, Env, gateway_env
 

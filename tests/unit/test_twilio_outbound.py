@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from appbridge.carriers.base import TransferError
-from appbridge.carriers.twilio import TwilioLeg
+from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.carriers.twilio_outbound import (
     DIAL_TOKEN_PARAM,
     REFUSED,

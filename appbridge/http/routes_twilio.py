@@ -1,0 +1,100 @@
+"""The routes Twilio and Twilio-built apps reach (docs/protocol-twilio.md).
+
+* ``POST /twilio/voice``, the voice webhook of calls from Twilio (carriers/twilio/webhook.py);
+* ``POST /twilio/status``, the status callback of calls the gateway placed through Twilio
+  (carriers/twilio_outbound.py);
+* ``POST /2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json``, the Twilio-compatible hang-up
+  for apps of the Twilio dialect (http/twilio_rest.py);
+* ``WS /twilio/stream``, the Media Stream behind ASGI (carriers/twilio/stream.py), for a server
+  run without the WebSocket fast path.
+
+Twilio signs its requests over the public URL it was given (docs/configuration.md,
+``[server]``), so the URL checked is ``public_url`` + path + query, never the Host the request
+came in on. The form is parsed here, the signature checked by the carrier module.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+
+from appbridge.carriers.twilio.stream import TwilioStreamEndpoint
+from appbridge.carriers.twilio.webhook import handle_voice_webhook
+from appbridge.http import twilio_rest
+from appbridge.http.errors import error
+
+if TYPE_CHECKING:
+    from appbridge.gateway import Gateway
+
+MAX_FORM_BYTES = 64 * 1024
+TWILIO_CALL_PATH = "/2010-04-01/Accounts/{account_sid}/Calls/{call_sid}.json"
+
+
+async def _read_form(request: Request, what: str) -> list[tuple[str, str]] | Response:
+    """The request's form fields, or the error to answer (413, 415, 400); ``what`` names the
+    request in the error's message."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return error(413, "too_large", f"{what} bodies are limited to {MAX_FORM_BYTES} bytes")
+    if "application/x-www-form-urlencoded" not in request.headers.get("content-type", ""):
+        return error(415, "unsupported_media_type", f"expected a form-encoded {what}")
+    try:
+        return parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        return error(400, "bad_request", "the form is not UTF-8")
+
+
+def _signed_url(gw: Gateway, request: Request, path: str) -> str:
+    url = gw.config.server.base_url() + path
+    if request.url.query:
+        url += "?" + request.url.query
+    return url
+
+
+async def twilio_voice(gw: Gateway, request: Request) -> Response:
+    pairs = await _read_form(request, "webhook")
+    if isinstance(pairs, Response):
+        return pairs
+    url = _signed_url(gw, request, "/twilio/voice")
+    status, ctype, payload = await handle_voice_webhook(
+        gw, url, dict(pairs), request.headers.get("x-twilio-signature")
+    )
+    return Response(payload, status_code=status, media_type=ctype)
+
+
+async def twilio_status(gw: Gateway, request: Request) -> Response:
+    """Twilio's status callback for the calls the gateway placed (carriers/twilio_outbound.py)."""
+    from appbridge.carriers.twilio_outbound import STATUS_PATH, handle_status_callback
+
+    pairs = await _read_form(request, "callback")
+    if isinstance(pairs, Response):
+        return pairs
+    url = _signed_url(gw, request, STATUS_PATH)
+    status, ctype, payload = await handle_status_callback(
+        gw, url, pairs, request.headers.get("x-twilio-signature")
+    )
+    return Response(payload, status_code=status, media_type=ctype)
+
+
+def twilio_routes(gw: Gateway) -> list[BaseRoute]:
+    return [
+        Route("/twilio/voice", partial(twilio_voice, gw), methods=["POST"], name="twilio_voice"),
+        Route("/twilio/status", partial(twilio_status, gw), methods=["POST"], name="twilio_status"),
+        Route(
+            TWILIO_CALL_PATH,
+            partial(twilio_rest.update_call, gw),
+            methods=["POST"],
+            name="twilio_update_call",
+        ),
+        Route(
+            TWILIO_CALL_PATH,
+            twilio_rest.method_not_allowed,
+            methods=["GET", "PUT", "DELETE", "PATCH"],
+        ),
+        WebSocketRoute("/twilio/stream", TwilioStreamEndpoint(gw)),
+    ]
