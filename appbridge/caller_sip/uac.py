@@ -29,12 +29,8 @@ from appbridge.carriers.sip.message import (
     new_call_id,
     new_tag,
 )
-from appbridge.carriers.sip.sdp import (
-    OfferAnswerError,
-    SdpError,
-    SdpNegotiator,
-    SessionDescription,
-)
+from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import make_cancel
 from appbridge.carriers.sip.transport import SDP_TYPE
 from appbridge.clock import Clock, SystemClock
