@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from appbridge.caller import CallerUsageError
-from appbridge.caller_sip import (
+from appbridge.caller.cli import run_sip_call_command
+from appbridge.caller.sip import (
     SipCallFailed,
     SipCallPlan,
     SipTestCaller,
     parse_sip_target,
-    run_sip_call_command,
 )
 from appbridge.carriers.sip.dtmf4733 import TelephoneEvent
 from appbridge.carriers.sip.message import Headers, Request, Response, make_response
