@@ -235,6 +235,6 @@ def _register_call(
 
 
 def _cmd_call(args: argparse.Namespace) -> int:
-    from appbridge.caller import run_call_command
+    from appbridge.caller.cli import run_call_command
 
     return run_call_command(args)

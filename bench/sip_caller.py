@@ -53,8 +53,9 @@ from appbridge.carriers.sip.message import (
     new_tag,
     parse_message,
 )
+from appbridge.carriers.sip.offer_answer import SdpNegotiator
 from appbridge.carriers.sip.rtp import RtpSender
-from appbridge.carriers.sip.sdp import SdpError, SdpNegotiator, SessionDescription
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from bench.stamped import StampedDatagramTransport, open_datagram
 from bench.ticker import PhasedTicker
 

@@ -3,17 +3,18 @@
 They let a test say "the caller heard a 440 Hz tone" or "this was silence" without trusting the
 gateway's own codecs: µ-law goes through :mod:`audioop` directly (G.711, ITU-T G.711 §A), tones and
 power come from numpy. Every PCM argument is 16-bit signed little-endian mono ("pcm16"), as the
-session protocol defines it (seed 004, "session.start" ``audio``).
+session protocol defines it (docs/protocol-session-v1.md, ``session.start``). The test caller's
+two measures (:func:`rms_pcm16`, :func:`ulaw_decode`) live in :mod:`appbridge.caller.audio`.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
+
+from appbridge.caller.audio import load_audioop, rms_pcm16, ulaw_decode
 
 __all__ = [
     "ULAW_SILENCE_BYTE",
@@ -33,19 +34,7 @@ __all__ = [
 ULAW_SILENCE_BYTE = 0xFF
 
 
-def _load_audioop() -> ModuleType:
-    """Import audioop once, hiding its Python 3.11/3.12 DeprecationWarning.
-
-    On Python 3.13+ the ``audioop-lts`` distribution provides the same module name.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import audioop
-
-    return audioop
-
-
-_audioop = _load_audioop()
+_audioop = load_audioop()
 
 
 def _samples(pcm16: bytes) -> npt.NDArray[np.float64]:
@@ -90,14 +79,6 @@ def silence_ulaw(ms: float) -> bytes:
     return bytes([ULAW_SILENCE_BYTE]) * round(8 * ms)
 
 
-def rms_pcm16(pcm16: bytes) -> float:
-    """Root mean square of the samples (0.0 for empty input), in sample units."""
-    if not pcm16:
-        return 0.0
-    samples = _samples(pcm16)
-    return float(math.sqrt(float(np.mean(samples * samples))))
-
-
 def goertzel_power(pcm16: bytes, rate_hz: int, freq_hz: float) -> float:
     """Normalised power of ``freq_hz`` in the block: the quantity Goertzel's filter yields.
 
@@ -132,12 +113,6 @@ def dominant_freq(pcm16: bytes, rate_hz: int) -> float:
 def ulaw_encode(pcm16: bytes) -> bytes:
     """pcm16 to G.711 µ-law, one byte per sample."""
     result: bytes = _audioop.lin2ulaw(pcm16, 2)
-    return result
-
-
-def ulaw_decode(ulaw: bytes) -> bytes:
-    """G.711 µ-law to pcm16."""
-    result: bytes = _audioop.ulaw2lin(ulaw, 2)
     return result
 
 

@@ -25,7 +25,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
-from appbridge.caller_sip import SipTestCaller
+from appbridge.caller.sip import SipTestCaller
 from appbridge.carriers.sip.message import Request
 from appbridge.gateway import Gateway
 from appbridge.media.wav import write_wav

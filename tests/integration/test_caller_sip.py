@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from appbridge.caller_sip import (
+from appbridge.caller.sip import (
     SipCallFailed,
     SipCallPlan,
     SipTestCaller,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from appbridge.caller_sip import SipTestCaller
+from appbridge.caller.sip import SipTestCaller
 from appbridge.sdk import (
     AudioFrame,
     DtmfEvent,

@@ -49,7 +49,7 @@ from tests.integration.test_twilio_outbound import api, place, wait_state
 GATEWAY_MODULES = ("appbridge.", "uvicorn.", "httptools.")
 #: The peers that ship in the package but are not the gateway: the test peers, the test caller
 #: (``appbridge call``) and the app SDK, which run in the callers' and the apps' processes.
-PEER_MODULES = ("appbridge.testing", "appbridge.caller_sip", "appbridge.sdk")
+PEER_MODULES = ("appbridge.testing", "appbridge.caller", "appbridge.sdk")
 
 
 def _is_peers(obj: object) -> bool:

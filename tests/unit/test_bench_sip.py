@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from appbridge.carriers.sip.message import Request, Response, make_response, parse_message
-from appbridge.carriers.sip.sdp import SdpNegotiator, SessionDescription
+from appbridge.carriers.sip.offer_answer import SdpNegotiator
+from appbridge.carriers.sip.sdp import SessionDescription
 from bench.measure import is_loud, onset_latencies_ms
 from bench.sip_caller import (
     FRAME_BYTES,

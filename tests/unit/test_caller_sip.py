@@ -14,17 +14,18 @@ from pathlib import Path
 import pytest
 
 from appbridge.caller import CallerUsageError
-from appbridge.caller_sip import (
+from appbridge.caller.cli import run_sip_call_command
+from appbridge.caller.sip import (
     SipCallFailed,
     SipCallPlan,
     SipTestCaller,
     parse_sip_target,
-    run_sip_call_command,
 )
 from appbridge.carriers.sip.dtmf4733 import TelephoneEvent
 from appbridge.carriers.sip.message import Headers, Request, Response, make_response
+from appbridge.carriers.sip.offer_answer import SdpNegotiator
 from appbridge.carriers.sip.rtp import RtpPacket
-from appbridge.carriers.sip.sdp import SdpNegotiator, SessionDescription
+from appbridge.carriers.sip.sdp import SessionDescription
 from appbridge.clock import VirtualClock
 from appbridge.testing.audio import rms_pcm16, tone_pcm16, ulaw_encode
 

@@ -25,7 +25,7 @@ from appbridge.config import (
     load_config,
     parse_config,
 )
-from appbridge.config_schema import is_bcp47
+from appbridge.config.schema import is_bcp47
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "appbridge.example.toml"

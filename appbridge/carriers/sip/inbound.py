@@ -35,15 +35,10 @@ from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
 from appbridge.carriers.sip.numbers import called_number, caller_number
+from appbridge.carriers.sip.offer_answer import NegotiatedAudio, OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.outbound import SipOutbound
 from appbridge.carriers.sip.party import SipCallSignalling, trunk_for_source
-from appbridge.carriers.sip.sdp import (
-    NegotiatedAudio,
-    OfferAnswerError,
-    SdpError,
-    SdpNegotiator,
-    SessionDescription,
-)
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
 from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 from appbridge.carriers.sip.uac import ALLOW

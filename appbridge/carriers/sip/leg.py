@@ -38,8 +38,8 @@ from appbridge.carriers.base import CarrierEvents, TransferError
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
 from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
 from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
+from appbridge.carriers.sip.offer_answer import NegotiatedAudio
 from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
-from appbridge.carriers.sip.sdp import NegotiatedAudio
 from appbridge.clock import Clock
 from appbridge.media.codecs import G722_16K, PCMU_8K, AudioFormat
 

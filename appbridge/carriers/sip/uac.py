@@ -44,8 +44,9 @@ from appbridge.carriers.sip.digest import DigestChallenge, DigestError, authoriz
 from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Headers, Request, Response, new_branch, new_tag
+from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.refer import ReferClient
-from appbridge.carriers.sip.sdp import OfferAnswerError, SdpError, SdpNegotiator, SessionDescription
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import make_cancel
 from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 from appbridge.clock import Clock

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
+from appbridge.config.model import DEEPGRAM_AURA_VOICES as AURA_VOICES
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
@@ -59,15 +60,6 @@ DEFAULT_BASE_URL: Final = "https://api.deepgram.com"
 TTS_RATE_HZ: Final = 24000  # Aura's default; linear16 also offers 8000/16000/32000/48000
 TTS_MAX_CHARS: Final = 2000  # Aura REST's limit per request
 
-# Featured Aura-2 voices ("Voices and Languages", /docs/tts-models); more via config `voices`.
-AURA_VOICES: Final = (
-    "aura-2-thalia-en", "aura-2-andromeda-en", "aura-2-helena-en", "aura-2-apollo-en",
-    "aura-2-arcas-en", "aura-2-aries-en", "aura-2-asteria-en", "aura-2-athena-en",
-    "aura-2-luna-en", "aura-2-orion-en", "aura-2-zeus-en",
-    "aura-2-celeste-es", "aura-2-estrella-es", "aura-2-nestor-es",
-    "aura-2-aurelia-de", "aura-2-elara-de", "aura-2-agathe-fr", "aura-2-beatrix-nl",
-    "aura-2-cesare-it", "aura-2-cinzia-it", "aura-2-ama-ja", "aura-2-ebisu-ja",
-)  # fmt: skip
 # Aura's English voices are American; the others are named by language only (several accents).
 _AURA_LANGUAGE_TAGS: Final = {"en": "en-US"}
 
@@ -95,7 +87,7 @@ def _models(default_model: str, extra: Iterable[str]) -> list[str]:
 
 def deepgram_voice_ids(config: DeepgramConfig) -> list[str]:
     """The catalog ids that ``[speech.deepgram]`` offers (the config checks app voices)."""
-    return [f"{PROVIDER_NAME}/{m}" for m in _models(config.tts_model, config.voices)]
+    return config.voice_ids()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appbridge.carriers.sip import g722, sdp
+from appbridge.carriers.sip import g722, offer_answer, sdp
 
 pytestmark = pytest.mark.skipif(not g722.AVAILABLE, reason="the G722 package is not installed")
 
@@ -95,6 +95,8 @@ def test_without_the_wheel_g722_is_neither_offered_nor_usable(
     assert "G722" not in sdp.default_codecs()
     with pytest.raises(g722.G722Unavailable):
         g722.G722Encoder()
-    neg = sdp.SdpNegotiator(local_address="10.0.0.1", rtp_port=20000, codecs=["G722", "PCMU"])
+    neg = offer_answer.SdpNegotiator(
+        local_address="10.0.0.1", rtp_port=20000, codecs=["G722", "PCMU"]
+    )
     offer = neg.create_offer()
     assert offer.media[0].formats == ["0", "101"]

@@ -8,13 +8,9 @@ from hypothesis import strategies as st
 
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, TelephoneEvent, TelephoneEventError
 from appbridge.carriers.sip.jitter import JitterBuffer
+from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.rtp import RtpError, RtpPacket, RtpReceiver
-from appbridge.carriers.sip.sdp import (
-    OfferAnswerError,
-    SdpError,
-    SdpNegotiator,
-    SessionDescription,
-)
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -16,8 +16,9 @@ from appbridge.carriers.base import TransferError
 from appbridge.carriers.sip.headers import SipUri
 from appbridge.carriers.sip.leg import RtpPortPool, SipLeg
 from appbridge.carriers.sip.message import Request, Response, make_response
+from appbridge.carriers.sip.offer_answer import SdpNegotiator
 from appbridge.carriers.sip.party import SipCallSignalling, dial_party, route_target
-from appbridge.carriers.sip.sdp import SdpNegotiator, SessionDescription
+from appbridge.carriers.sip.sdp import SessionDescription
 from appbridge.carriers.sip.transaction import Timers
 from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 from appbridge.carriers.sip.uac import SipUac

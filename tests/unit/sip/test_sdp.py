@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from appbridge.carriers.sip import g722
+from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.sdp import (
     G722,
     PCMA,
     PCMU,
     Attribute,
     Connection,
-    OfferAnswerError,
     SdpError,
-    SdpNegotiator,
     SessionDescription,
 )
 

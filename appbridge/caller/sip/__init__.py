@@ -1,15 +1,16 @@
 """``appbridge call sip:...``: a SIP test caller (UAC) built on the gateway's own SIP cores.
 
-Why it exists: issue 6 asks for a test caller that "places a real SIP call through the gateway's
-own stack and prints the events; saves what it heard; lets a newcomer try an app from the
-terminal", and the SDK's SIP tests need a caller they can drive from Python. Everything on the
+Why it exists: a newcomer should be able to place a real SIP call through the gateway's own stack
+from the terminal, see its events and keep what it heard (docs/caller.md), and the SDK's SIP
+tests need a caller they can drive from Python. Everything on the
 wire comes from the sans-I/O cores in :mod:`appbridge.carriers.sip`: messages
 (:mod:`~.message`), the RFC 3261 §17 transactions with their retransmissions
 (:mod:`~.transaction`), the dialog, its ACK and BYE (:mod:`~.dialog`, §12, §13.2.2.4), the SDP
-offer/answer (:mod:`~.sdp`, RFC 3264 §5 and §7) and the media of :class:`~.leg.SipLeg` (RTP
+offer/answer (:mod:`~.offer_answer`, RFC 3264 §5 and §7) and the media of :class:`~.leg.SipLeg` (RTP
 with one SSRC, symmetric latching, a jitter buffer, RFC 4733 both ways). This package is only the
 asyncio edge: one UDP socket or TCP connection for signalling (:mod:`.link`), one RTP socket,
-a 20 ms clock (:mod:`.uac`); :mod:`.cli` is ``appbridge call sip:...``.
+a 20 ms clock (:mod:`.uac`); :mod:`.call` is the scripted call of ``appbridge call sip:...``
+(whose command line is :mod:`appbridge.caller.cli`).
 
 Library use (the API the SDK's SIP tests build on)::
 
@@ -53,15 +54,14 @@ socket or connection as the INVITE (no Record-Route hops), no digest authenticat
 a re-INVITE from the far end is sent once (no retransmission until its ACK).
 """
 
-from appbridge.caller_sip.cli import (
+from appbridge.caller.sip.call import (
     SipCallPlan,
     SipCallReport,
     load_wav_pcm16_8k,
     place_sip_call,
-    run_sip_call_command,
 )
-from appbridge.caller_sip.link import SipLink, SipTarget, parse_sip_target
-from appbridge.caller_sip.uac import (
+from appbridge.caller.sip.link import SipLink, SipTarget, parse_sip_target
+from appbridge.caller.sip.uac import (
     OFFER_CODECS,
     CallEvent,
     SipCallFailed,
@@ -80,5 +80,4 @@ __all__ = [
     "load_wav_pcm16_8k",
     "parse_sip_target",
     "place_sip_call",
-    "run_sip_call_command",
 ]

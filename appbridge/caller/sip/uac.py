@@ -1,8 +1,8 @@
-"""The SIP test caller's UAC: one call's signalling and media (API in :mod:`appbridge.caller_sip`).
+"""The SIP test caller's UAC: one call's signalling and media (API in :mod:`appbridge.caller.sip`).
 
 Signalling rides on :class:`~.link.SipLink`; the dialog, its ACK and BYE come from
 :mod:`appbridge.carriers.sip.dialog` (RFC 3261 §12, §13.2.2.4, §15), the offer/answer from
-:mod:`~appbridge.carriers.sip.sdp` (RFC 3264 §5, §7), and the media from
+:mod:`~appbridge.carriers.sip.offer_answer` (RFC 3264 §5, §7), and the media from
 :class:`~appbridge.carriers.sip.leg.SipLeg`, ticked every 20 ms by :meth:`SipTestCaller.tick`
 (what ``SipLeg.end_tick`` does for the gateway's engine).
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from appbridge.caller_sip.link import SipLink, parse_sip_target
+from appbridge.caller.sip.link import SipLink, parse_sip_target
 from appbridge.carriers.sip.dialog import Dialog, DialogError
 from appbridge.carriers.sip.headers import SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
@@ -29,12 +29,8 @@ from appbridge.carriers.sip.message import (
     new_call_id,
     new_tag,
 )
-from appbridge.carriers.sip.sdp import (
-    OfferAnswerError,
-    SdpError,
-    SdpNegotiator,
-    SessionDescription,
-)
+from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
+from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import make_cancel
 from appbridge.carriers.sip.transport import SDP_TYPE
 from appbridge.clock import Clock, SystemClock
@@ -45,7 +41,7 @@ __all__ = ["OFFER_CODECS", "CallEvent", "SipCallFailed", "SipTestCaller"]
 FRAME_S = 0.020
 FRAME_BYTES = 320  # 20 ms of pcm16 at 8 kHz
 DEFAULT_FROM_USER = "+15550001111"
-#: What the offer carries (issue 6: PCMU, PCMA, telephone-event); ``codecs=`` may add G722.
+#: What the offer carries (PCMU, PCMA, telephone-event; docs/caller.md); ``codecs=`` may add G722.
 OFFER_CODECS: tuple[str, ...] = ("PCMU", "PCMA")
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
 USER_AGENT = "AppBridge-test-caller"

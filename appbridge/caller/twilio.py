@@ -1,18 +1,19 @@
-"""``appbridge call``: a test caller that plays Twilio's part against a running gateway.
+"""The Twilio test caller: ``appbridge call http://...`` plays Twilio's part against a gateway.
 
-Why it exists: there is no real carrier on a developer's machine, yet issue 2 §8 asks that a
-newcomer who started the gateway (``make run``) can place a test call and hear it. This module
-places that call through the gateway's Twilio ingress exactly as Twilio Programmable Voice would
-(reference/twilio.md, "Carrier side"): it POSTs the voice webhook, follows the TwiML
+Why it exists: there is no real carrier on a developer's machine, yet a newcomer who started the
+gateway (``make run``) should be able to place a test call and hear it (docs/caller.md). This
+module places that call through the gateway's Twilio ingress exactly as Twilio Programmable Voice
+would (docs/protocol-twilio.md, "Carrier side"): it POSTs the voice webhook, follows the TwiML
 ``<Connect><Stream>`` into a bidirectional Media Stream, sends caller audio every 20 ms (a WAV
 file or silence) and keypresses, plays what the gateway sends on a real-time timeline, and hangs
-up with ``stop``. The wire work is :class:`appbridge.testing.fake_twilio.FakeTwilio`'s; this
-module schedules the call, narrates what it sees and keeps what was heard.
+up with ``stop``. The wire work is :class:`~appbridge.caller.twilio_carrier.TwilioCarrier`'s and
+:class:`~appbridge.caller.twilio_stream.TwilioStreamCall`'s; this module schedules the call,
+narrates what it sees and keeps what was heard.
 
-Exit codes (INTERFACES §2 style): 0 the call connected (a media stream was opened), 1 it did not
-(a non-200 webhook, TwiML without ``<Stream>``, a refused upgrade or an unreachable gateway, or a
-recording that could not be saved), 2 a usage error. ``sip:`` URIs are handed to
-:mod:`appbridge.caller_sip`, which places a real SIP call with the same options and output.
+Exit codes (docs/caller.md, "Exit codes"): 0 the call connected (a media stream was opened), 1 it
+did not (a non-200 webhook, TwiML without ``<Stream>``, a refused upgrade or an unreachable
+gateway, or a recording that could not be saved). Usage errors raise :class:`CallerUsageError`,
+which :mod:`appbridge.caller.cli` turns into exit 2.
 """
 
 from __future__ import annotations
@@ -20,68 +21,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import sys
 import time
 import xml.etree.ElementTree as ET
-from argparse import Namespace
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-from appbridge.config import DEMO_ACCOUNT_SID
+from appbridge.caller.audio import rms_pcm16, ulaw_decode
+from appbridge.caller.common import (
+    DIGIT_INTERVAL_S,
+    DIGITS_START_S,
+    DTMF_DIGITS,
+    EXIT_CONNECTED,
+    EXIT_NOT_CONNECTED,
+    SILENCE_RMS,
+    CallerUsageError,
+    Emit,
+)
+from appbridge.caller.twilio_carrier import TwilioCarrier
+from appbridge.caller.twilio_stream import FRAME_S, ULAW_RATE_HZ, TwilioStreamCall
+from appbridge.config.model import DEMO_ACCOUNT_SID
 from appbridge.media.codecs import PCM16_8K, PCMU_8K, AudioFormat, Converter
 from appbridge.media.wav import WavError, parse_wav, write_wav
-from appbridge.testing.audio import rms_pcm16, ulaw_decode
-from appbridge.testing.fake_twilio import FRAME_S, ULAW_RATE_HZ, FakeTwilio, FakeTwilioCall
 
 __all__ = [
     "CallPlan",
     "CallReport",
-    "CallerUsageError",
+    "describe_twiml",
     "load_wav_ulaw",
     "place_test_call",
-    "run_call_command",
 ]
 
 DEFAULT_FROM = "+15550001111"
 DEFAULT_TO = "+15550002222"
-#: Keypresses start this long after the stream opens, one per ``DIGIT_INTERVAL_S``.
-DIGITS_START_S = 2.0
-DIGIT_INTERVAL_S = 1.0
-#: A frame quieter than this RMS (pcm16 units, about -50 dBFS) counts as silence.
-SILENCE_RMS = 100.0
 #: Pauses shorter than this inside speech (between words and sentences) do not end a stretch of
 #: sound; eSpeak's sentence pauses measure about 0.3 s.
 VOICE_HOLD_S = 0.5
 #: The WAV is queued this far ahead of real time, so a keypress waits at most this long behind it
-#: (FakeTwilio sends a keypress after the audio queued before it).
+#: (the stream sends a keypress after the audio queued before it).
 FEED_AHEAD_S = 0.1
 #: How often the connecting phase looks for the webhook's answer.
 _WEBHOOK_POLL_S = 0.005
-_DTMF_DIGITS = frozenset("0123456789*#ABCD")
 _MAX_SECONDS = 24 * 3600.0
-EXIT_CONNECTED = 0
-EXIT_NOT_CONNECTED = 1
-EXIT_USAGE = 2
-EXIT_ABANDONED = 130  # a second Ctrl-C: the shell's convention for SIGINT
-
-Emit = Callable[[str], None]
-
-
-class CallerUsageError(ValueError):
-    """The command line asked for something impossible; the message says what, for humans."""
 
 
 @dataclass(frozen=True, slots=True)
 class CallPlan:
     """What to do on the call. ``url`` is the gateway's base URL (``http://127.0.0.1:8080``);
     ``public_url`` is how the gateway knows itself (its ``server.public_url``), which the
-    signatures are computed over (reference/twilio.md, "X-Twilio-Signature")."""
+    signatures are computed over (docs/configuration.md, ``[carriers.twilio]``)."""
 
     url: str
     from_: str = DEFAULT_FROM
@@ -100,14 +90,14 @@ class CallPlan:
         """Raise :class:`CallerUsageError` for anything the call cannot be placed with."""
         if self.url.lower().startswith(("sip:", "sips:")):
             raise CallerUsageError(
-                "a sip: URI is placed by appbridge.caller_sip (SipCallPlan), not by CallPlan"
+                "a sip: URI is placed by appbridge.caller.sip (SipCallPlan), not by CallPlan"
             )
         for name, value in (("URL", self.url), ("--public-url", self.public_url)):
             if value is not None:
                 _check_http_url(name, value)
         if not self.from_ or not self.to:
             raise CallerUsageError("--from and --to must not be empty")
-        bad = sorted(set(self.digits) - _DTMF_DIGITS)
+        bad = sorted(set(self.digits) - DTMF_DIGITS)
         if bad:
             raise CallerUsageError(f"--digits takes 0-9, *, #, A-D only; got {''.join(bad)!r}")
         if not 0 < self.seconds <= _MAX_SECONDS:
@@ -130,7 +120,7 @@ def _check_http_url(name: str, value: str) -> None:
 
 def load_wav_ulaw(path: Path) -> bytes:
     """A WAV file of any supported format and rate as µ-law 8 kHz, Twilio's only media format
-    (reference/twilio.md, "Media Stream messages")."""
+    (docs/protocol-twilio.md, "The messages")."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -238,7 +228,7 @@ class _VoiceTracker:
         self.start = None
 
 
-def describe_twiml(call: FakeTwilioCall) -> str:
+def describe_twiml(call: TwilioStreamCall) -> str:
     """A one-line reading of the webhook's answer, saying why a call did not connect."""
     if call.webhook_status != 200:
         detail = ""
@@ -268,8 +258,8 @@ def describe_twiml(call: FakeTwilioCall) -> str:
 
 
 async def _post_webhook(
-    fake: FakeTwilio, plan: CallPlan, narrator: _Narrator, report: CallReport
-) -> FakeTwilioCall | None:
+    fake: TwilioCarrier, plan: CallPlan, narrator: _Narrator, report: CallReport
+) -> TwilioStreamCall | None:
     """Post the webhook and open the stream, narrating both at the moment they happen."""
     signed = "signed" if plan.auth_token else "unsigned"
     narrator.say(
@@ -280,7 +270,7 @@ async def _post_webhook(
         fake.place_call(plan.from_, plan.to, pace=True, continuous_media=True)
     )
     try:
-        # FakeTwilio lists the call as soon as the webhook is answered, before it opens the
+        # The carrier lists the call as soon as the webhook is answered, before it opens the
         # stream: watching the list stamps the answer with its own time.
         while not task.done() and not fake.calls:
             await asyncio.wait({task}, timeout=_WEBHOOK_POLL_S)
@@ -313,7 +303,7 @@ class _Watcher:
     """Carries the call through its life: feeds audio and keypresses on schedule, narrates what
     comes back, and decides when the caller hangs up."""
 
-    def __init__(self, call: FakeTwilioCall, plan: CallPlan, narrator: _Narrator) -> None:
+    def __init__(self, call: TwilioStreamCall, plan: CallPlan, narrator: _Narrator) -> None:
         self.call = call
         self.plan = plan
         self.narrator = narrator
@@ -418,7 +408,7 @@ async def place_test_call(
     hang_up = hang_up or asyncio.Event()
     report = CallReport()
     narrator = _Narrator(time.monotonic(), out, report)
-    fake = FakeTwilio(
+    fake = TwilioCarrier(
         plan.url,
         account_sid=plan.account_sid,
         auth_token=plan.auth_token,
@@ -442,73 +432,3 @@ async def place_test_call(
             narrator.say(time.monotonic(), f"saved {report.heard_s:.1f} s to {plan.record}")
     out(report.summary())
     return report
-
-
-def plan_from_args(args: Namespace) -> CallPlan:
-    """The ``appbridge call`` options (registered in ``appbridge.cli``) as a :class:`CallPlan`."""
-    token = args.auth_token if args.auth_token is not None else os.environ.get("TWILIO_AUTH_TOKEN")
-    play = load_wav_ulaw(Path(args.play)) if args.play else b""
-    return CallPlan(
-        url=args.url.rstrip("/"),
-        from_=args.from_,
-        to=args.to,
-        play_ulaw=play,
-        digits=args.digits or "",
-        seconds=args.seconds,
-        auth_token=token or None,
-        account_sid=args.account_sid,
-        public_url=args.public_url.rstrip("/") if args.public_url else None,
-        record=Path(args.record) if args.record else None,
-    )
-
-
-def run_call_command(args: Namespace) -> int:
-    """``appbridge call``: the first Ctrl-C (or SIGTERM) hangs up cleanly, a second abandons.
-    A ``sip:`` URI is a SIP call placed by :mod:`appbridge.caller_sip`."""
-    if str(args.url).lower().startswith(("sip:", "sips:")):
-        from appbridge.caller_sip import run_sip_call_command
-
-        return run_sip_call_command(args)
-    try:
-        plan = plan_from_args(args)
-        plan.validate()
-    except CallerUsageError as exc:
-        print(f"appbridge call: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-    async def call(hang_up: asyncio.Event) -> int:
-        return (await place_test_call(plan, hang_up=hang_up)).exit_code
-
-    return run_until_hung_up(call)
-
-
-def run_until_hung_up(call: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run one test call (Twilio or SIP) to its exit code: the first Ctrl-C (or SIGTERM) sets
-    the ``hang_up`` event the call watches, a second one abandons it (exit 130)."""
-
-    async def main() -> int:
-        loop = asyncio.get_running_loop()
-        hang_up = asyncio.Event()
-        current = asyncio.current_task()
-
-        def on_signal() -> None:
-            if hang_up.is_set() and current is not None:
-                current.cancel()
-            hang_up.set()
-
-        installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, on_signal)
-                installed.append(sig)
-        try:
-            return await call(hang_up)
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-
-    try:
-        return asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        print("appbridge call: abandoned", file=sys.stderr)
-        return EXIT_ABANDONED

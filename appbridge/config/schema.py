@@ -1,6 +1,6 @@
 """Checking primitives for the configuration file: typed reads, ``${NAME}``, value formats.
 
-INTERFACES §4 fixes three rules that shape this module:
+Three rules of docs/configuration.md ("General rules") shape this module:
 
 - A string value that is exactly ``"${NAME}"`` is read from the environment variable NAME, and a
   missing variable is a configuration error. The lookup happens when a key is *read*, so a
@@ -31,7 +31,10 @@ T = TypeVar("T")
 
 CA_BUNDLE_MAX_CERTS: Final = 16
 CA_BUNDLE_MAX_BYTES: Final = 256 * 1024
-"""Seed 000, "Private CA": a PEM bundle of at most 16 certificates and 256 KiB."""
+"""A private CA bundle holds at most 16 PEM certificates in at most 256 KiB (docs/configuration.md,
+``[server]``), enough for any real chain while keeping start-up reads small."""
+MAX_REF_CHARS: Final = 128
+"""Ids are at most 128 characters, the limit of ids in docs/protocol-session-v1.md."""
 
 _ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LOOKS_LIKE_ENV_REF_RE = re.compile(r"\$\{.*\}", re.DOTALL)
@@ -39,6 +42,7 @@ _INT_TEXT_RE = re.compile(r"[+-]?[0-9]+")
 _FLOAT_TEXT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _LABEL_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _E164_RE = re.compile(r"\+[0-9]{2,15}")
+_REF_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _PEM_CERT_RE = re.compile(
     rb"-----BEGIN CERTIFICATE-----\s*(.*?)-----END CERTIFICATE-----", re.DOTALL
 )
@@ -336,7 +340,8 @@ def check_cidr(text: str) -> str | None:
 
 def check_http_base_url(text: str) -> str | None:
     """``public_url`` / ``api_base``: http(s), a host, an optional path prefix without a
-    trailing slash, and no userinfo, query or fragment (INTERFACES §4: routes are appended)."""
+    trailing slash, and no userinfo, query or fragment (docs/configuration.md, ``[server]``:
+    routes are appended)."""
     try:
         parts = urlsplit(text)
         port = parts.port
@@ -357,7 +362,7 @@ def check_http_base_url(text: str) -> str | None:
 
 
 def check_ca_bundle(path: Path) -> str | None:
-    """Seed 000's private CA rules: readable, not empty, 1 to 16 PEM certificates, at most
+    """A private CA bundle must be readable, not empty, 1 to 16 PEM certificates, at most
     256 KiB, and accepted by OpenSSL. Returns a problem message or ``None``."""
     try:
         size_bytes = path.stat().st_size
@@ -387,3 +392,43 @@ def check_ca_bundle(path: Path) -> str | None:
             f"{path} is not a valid PEM bundle (OpenSSL loaded {loaded} of {distinct} certificates)"
         )
     return None
+
+
+# -- identifiers shared by several sections ------------------------------------------------------
+
+
+def read_ref(
+    reader: Reader,
+    table: Mapping[str, Any],
+    key: str,
+    path: str,
+    seen: dict[str, str],
+    what: str,
+) -> str | None:
+    """A required, unique identifier of 1-128 characters from ``[A-Za-z0-9._-]``."""
+    value = reader.string(table, key, path, required=True, max_chars=MAX_REF_CHARS)
+    if value is None:
+        return None
+    if not _REF_RE.fullmatch(value):
+        reader.problem(path, f"expected letters, digits, '.', '_' or '-', got {describe(value)}")
+        return None
+    if value in seen:
+        reader.problem(path, f"duplicate {what} {describe(value)} (first at {seen[value]})")
+        return None
+    seen[value] = path.rsplit(".", 1)[0]
+    return value
+
+
+def read_account_sid(reader: Reader, table: Mapping[str, Any], path: str) -> str:
+    """A Twilio-style account SID: ``AC`` and 32 hex digits."""
+    value = reader.string(table, "account_sid", path, required=True)
+    if value is None:
+        return ""
+    body = value[2:]
+    if not (
+        value.startswith("AC")
+        and len(body) == 32
+        and all(c in "0123456789abcdefABCDEF" for c in body)
+    ):
+        reader.problem(path, f'expected "AC" and 32 hex digits, got {describe(value)}')
+    return value

@@ -1,31 +1,26 @@
-"""``appbridge call sip:...``: the command line of the SIP test caller (issue 6).
+"""One scripted SIP test call, as ``appbridge call sip:...`` places it (docs/caller.md).
 
-Same options, output style and exit codes as the Twilio test caller (:mod:`appbridge.caller`):
-one line per event stamped with seconds since the INVITE; ``--digits`` from 2 s after the answer,
-one per second; ``--play`` any WAV, resampled to 8 kHz and sent in real time; ``--record``
-saves what was heard (pcm16 8 kHz mono); ``--duration``/``--seconds`` then BYE; Ctrl-C hangs up
-(BYE, or CANCEL before the answer), a second Ctrl-C abandons. Exit 0 answered and ended
-cleanly, 1 not answered (the SIP status is printed) or the recording failed, 2 usage.
+Same options, output style and exit codes as the Twilio test caller
+(:mod:`appbridge.caller.twilio`): one line per event stamped with seconds since the INVITE;
+``--digits`` from 2 s after the answer, one per second; ``--play`` any WAV, resampled to 8 kHz
+and sent in real time; ``--record`` saves what was heard (pcm16 8 kHz mono);
+``--duration``/``--seconds`` then BYE; Ctrl-C hangs up (BYE, or CANCEL before the answer), a
+second Ctrl-C abandons. Exit 0 answered and ended cleanly, 1 not answered (the SIP status is
+printed) or the recording failed, 2 usage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
-from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appbridge.caller import (
-    DIGIT_INTERVAL_S,
-    DIGITS_START_S,
-    CallerUsageError,
-    run_until_hung_up,
-)
-from appbridge.caller_sip.link import parse_sip_target
-from appbridge.caller_sip.uac import (
+from appbridge.caller.audio import rms_pcm16
+from appbridge.caller.common import DIGIT_INTERVAL_S, DIGITS_START_S, CallerUsageError
+from appbridge.caller.sip.link import parse_sip_target
+from appbridge.caller.sip.uac import (
     DEFAULT_FROM_USER,
     DTMF_DIGITS,
     FRAME_BYTES,
@@ -36,14 +31,12 @@ from appbridge.caller_sip.uac import (
 )
 from appbridge.media.codecs import PCM16_8K, AudioFormat, Converter
 from appbridge.media.wav import WavError, parse_wav, write_wav
-from appbridge.testing.audio import rms_pcm16
 
 __all__ = [
     "SipCallPlan",
     "SipCallReport",
     "load_wav_pcm16_8k",
     "place_sip_call",
-    "run_sip_call_command",
 ]
 
 
@@ -234,30 +227,3 @@ async def _talk(
 
 
 _POLL_S = 0.05
-
-
-def plan_from_args(args: Namespace) -> SipCallPlan:
-    """The ``appbridge call`` options (``appbridge.cli``) for a ``sip:`` URI."""
-    return SipCallPlan(
-        uri=args.url,
-        from_user=args.from_,
-        play_pcm16=load_wav_pcm16_8k(Path(args.play)) if args.play else b"",
-        digits=args.digits or "",
-        duration_s=args.seconds,
-        record=Path(args.record) if args.record else None,
-    )
-
-
-def run_sip_call_command(args: Namespace) -> int:
-    """``appbridge call sip:...``: the first Ctrl-C (or SIGTERM) hangs up, a second abandons."""
-    try:
-        plan = plan_from_args(args)
-        plan.validate()
-    except CallerUsageError as exc:
-        print(f"appbridge call: error: {exc}", file=sys.stderr)
-        return 2
-
-    async def call(hang_up: asyncio.Event) -> int:
-        return (await place_sip_call(plan, hang_up=hang_up)).exit_code
-
-    return run_until_hung_up(call)
