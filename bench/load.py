@@ -8,7 +8,7 @@ Each step of the ramp gets a fresh gateway, run as its own process (``appbridge 
 to one core, and fresh load-generator workers (:mod:`bench.worker`) pinned to the others: they
 play Twilio (callers placing calls through ``POST /twilio/voice`` and the Media Stream, and the
 REST API) and the apps: fonoster ones, or with ``--dialect twilio`` Pipecat-style Twilio Media
-Streams ones (bench/pipecat_app.py), on the lean peers (``--peers``). Once every
+Streams ones (bench/pipecat_app.py), on the lean peers (bench/README.md). Once every
 call of the step is up the calls are held for ``--hold`` seconds; every figure of the table is
 measured over that window only; then the callers hang up and the gateway is stopped. This
 process only orchestrates and samples /proc and ``/metrics``. Method and figures:
@@ -195,15 +195,29 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
-def bench_env() -> dict[str, str]:
-    """The environment of the workers and the gateway: fresh secrets for every run."""
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the workers and the gateway: fresh secrets for every run, and what
+    the workers read (bench/worker.py ``DIALECT_ENV``, ``SPEAK_ENV``)."""
     env = dict(os.environ)
     env.update(
         BENCH_TWILIO_TOKEN=secrets.token_hex(16),
         BENCH_APP_SECRET=secrets.token_hex(16),
         BENCH_ACCOUNT_SID=ACCOUNT_SID,
+        BENCH_DIALECT=args.dialect,
+        BENCH_SPEAK=args.speak,
     )
     return env
+
+
+async def stop_all(workers: list[WorkerProc], gateway: GatewayProcess | None) -> None:
+    """Stop the workers, then the gateway (SIGINT, SIGKILL if it lingers); each step and the
+    soak end this way whether they measured or failed."""
+    await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+    if gateway is not None:
+        try:
+            await gateway.stop()
+        finally:
+            gateway.kill_now()
 
 
 async def start_gateway(
@@ -242,10 +256,7 @@ async def start_gateway(
 async def run_step(
     calls: int, args: argparse.Namespace, out_dir: Path
 ) -> tuple[dict[str, Any], list[str]]:
-    env = bench_env()
-    env["BENCH_PEERS"] = getattr(args, "peers", "lean")  # bench/worker.py PEERS_ENV
-    env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
-    env["BENCH_SPEAK"] = args.speak  # bench/worker.py SPEAK_ENV
+    env = worker_env(args)
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
@@ -258,12 +269,7 @@ async def run_step(
         gateway, spec = await start_gateway(args, calls, workers, env, out_dir, f"gateway-{calls}")
         data, row = await _measure(calls, args, gateway, spec, workers)
     finally:
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
-        if gateway is not None:
-            try:
-                await gateway.stop()
-            finally:
-                gateway.kill_now()
+        await stop_all(workers, gateway)
     # How fast the gateway's core ran around the step (bench/speed.py): this VM's speed moves.
     data["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
     return data, row
@@ -446,19 +452,16 @@ async def _measure(
     return data, row
 
 
-def receive_stamps_line(step: dict[str, Any], peers: str) -> str:
+def receive_stamps_line(step: dict[str, Any]) -> str:
     """The step's detail line on receive stamps: the table's figures use the kernel's arrival
     stamps (bench/stamped.py); the same figures from the generator loop's read instants show
     how much of the old figure was the generator's own lag (bench/README.md)."""
-    line = (
+    return (
         "receive stamps: kernel (table) vs generator loop, p50/p99/max ms: inbound "
         f"{_cell(step['inbound_latency_ms'])} vs {_cell(step['inbound_latency_loop_ms'])}; "
         f"caller jitter {_cell(step['caller_jitter_ms'])} vs "
         f"{_cell(step['caller_jitter_loop_ms'])}"
     )
-    if peers == "classic":
-        line += " (classic peers and their SIP callers stamp with the loop; a Twilio app does not)"
-    return line
 
 
 def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path: Path) -> None:
@@ -501,7 +504,7 @@ def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path:
         ),
         flush=True,
     )
-    print(f"  {receive_stamps_line(data, args.peers)}", flush=True)
+    print(f"  {receive_stamps_line(data)}", flush=True)
     if data["held"] == 0:
         print(f"bench: no call was answered; see {log_path}", flush=True)
 

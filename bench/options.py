@@ -108,14 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
         "offered in one step; the refused calls are counted, the live ones must keep the bars",
     )
     parser.add_argument(
-        "--peers",
-        choices=("lean", "classic"),
-        default="lean",
-        help="the generator's peers: lean (bench/lean_twilio.py, bench/lean_app.py: same wire, "
-        "about half the CPU) or classic (appbridge/testing's FakeTwilio and FakeApp; kept for one "
-        "release to compare); with --dialect twilio the app is always the lean one",
-    )
-    parser.add_argument(
         "--speak",
         choices=("repeated", "unique"),
         default="repeated",

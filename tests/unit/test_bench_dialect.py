@@ -352,7 +352,6 @@ def test_options_and_workers_for_the_dialect() -> None:
     worker = Worker(0, dialect="twilio", **keys)
     assert isinstance(worker.app, TwilioDialectApp) and worker.talker is worker.app
     assert worker.app.account_sid == ACCOUNT
-    assert isinstance(Worker(0, peers="classic", dialect="twilio", **keys).app, TwilioDialectApp)
     assert isinstance(SoakWorker(0, **keys).app, LeanApp)  # the soak plays lean peers too
     with pytest.raises(ValueError):
         Worker(0, dialect="sip", **keys)
