@@ -1,11 +1,11 @@
-"""The benchmark's lean fonoster app: seed 004's session server on a plain ``asyncio.Protocol``.
+"""The benchmark's lean fonoster app: the session server of docs/protocol-session-v1.md, lean.
 
 It plays the same part as :class:`appbridge.testing.fake_app.FakeApp` in the load generator
 (bench/README.md, "Lean peers") and speaks the same wire: the gateway's WebSocket upgrade is
-verified as seed 004 "Verifying the connection" says (``X-Fonoster-Timestamp`` within 300 s,
-``X-Fonoster-Signature`` = lowercase hex HMAC-SHA256 of ``<timestamp>.<url>``, compared in
-constant time; 401 otherwise, 404 for another path), pings are answered (seed 004
-"Keepalive"), and a close is echoed (RFC 6455 §5.5.1).
+verified as docs/protocol-session-v1.md, "Connection and frames", says
+(``X-Fonoster-Timestamp`` within 300 s, ``X-Fonoster-Signature`` = lowercase hex HMAC-SHA256
+of ``<timestamp>.<url>``, compared in constant time; 401 otherwise, 404 for another path),
+pings are answered (docs/protocol-session-v1.md), and a close is echoed (RFC 6455 §5.5.1).
 
 What it saves per frame, at 50 caller frames a second per call: no task, future or queue per
 frame (one ``data_received`` callback reads every frame in the segment), and the caller's
@@ -86,7 +86,8 @@ def frame_is_loud(frame: bytes) -> bool:
 def verify_signature(
     secret: str, url: str, headers: dict[str, str], now_s: float
 ) -> tuple[int, str] | None:
-    """None when the upgrade is signed as seed 004 says, else (HTTP status, reason).
+    """None when the upgrade is signed as docs/protocol-session-v1.md says, else (HTTP status,
+    reason).
 
     ``headers`` have lowercase names; ``now_s`` is wall-clock Unix seconds.
     """
@@ -171,7 +172,8 @@ class LeanSession(asyncio.Protocol):
         self._set_closed()
 
     def _on_binary(self, payload: bytes, now: float) -> None:
-        """A session audio frame (seed 004 "Audio"): arrival, track id byte, loud or not."""
+        """A session audio frame (docs/protocol-session-v1.md): arrival, track id byte, loud or
+        not."""
         self.audio_times.append(now)
         self.audio_loop_times.append(self._loop_now)
         self.audio_tracks.append(payload[0] if payload else 0)
@@ -260,7 +262,8 @@ class LeanSession(asyncio.Protocol):
         self._send_frame(OP_BINARY, data)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Close the socket (seed 004: an app closing its socket hangs up the call)."""
+        """Close the socket (docs/protocol-session-v1.md: an app closing its socket hangs up the
+        call)."""
         self._send_close(code, reason)
         self._abort()
 

@@ -1,4 +1,4 @@
-"""The benchmark's lean Twilio callers: the caller's leg of reference/twilio.md at low cost.
+"""The benchmark's lean Twilio callers: the caller's leg of docs/protocol-twilio.md, lean.
 
 They play the part of :class:`appbridge.testing.fake_twilio.FakeTwilioCall` with
 ``continuous_media=True`` in the load generator (bench/README.md, "Lean peers") and put the same
@@ -90,7 +90,8 @@ class _Mark(msgspec.Struct):
 
 
 class _Inbound(msgspec.Struct):
-    """A message from the gateway (reference/twilio.md, "app → Twilio"); unknown fields ignored."""
+    """A message from the gateway (docs/protocol-twilio.md, "The messages"); unknown fields
+    ignored."""
 
     event: str | None = None
     streamSid: str | None = None
@@ -392,7 +393,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self._last_ts_ms = ts_ms
         self._seq += 1
         self._chunk += 1
-        # Twilio's own field order (reference/twilio.md): event, sequenceNumber, media, streamSid.
+        # Twilio's own field order (docs/protocol-twilio.md): event, sequenceNumber, media,
+        # streamSid.
         text = (
             f'{{"event":"media","sequenceNumber":"{self._seq}","media":{{"track":"inbound",'
             f'"chunk":"{self._chunk}","timestamp":"{ts_ms}","payload":"{payload}{self._suffix}'

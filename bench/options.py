@@ -88,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--sip-share",
         type=float,
         default=0.5,
-        help="share of the calls placed over SIP/RTP instead of Twilio (issue 7's mix: 0.5; "
+        help="share of the calls placed over SIP/RTP instead of Twilio (the mix: 0.5; "
         "0 for the Twilio dialect alone)",
     )
     parser.add_argument(
         "--dialect",
         choices=("fonoster", "twilio"),
         default="fonoster",
-        help="the apps' protocol: fonoster (issue 7's mix) or twilio (the Twilio dialect alone: "
+        help="the apps' protocol: fonoster (the mix) or twilio (the Twilio dialect alone: "
         "every call Twilio-ingress, so --sip-share 0, against Pipecat-style Media Streams apps "
         "sending at 2x real time; bench/pipecat_app.py)",
     )

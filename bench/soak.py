@@ -73,7 +73,7 @@ __all__ = ["SAMPLE_PERIOD_S", "WARMUP_S", "Trend", "assess", "least_squares_slop
 
 SAMPLE_PERIOD_S = 10.0
 WARMUP_S = 60.0
-#: How far the fit is projected for the verdict (issue 7's soak length).
+#: How far the fit is projected for the verdict (the soak's length, bench/README.md).
 HORIZON_S = 600.0
 MEMORY_TOLERANCE_FRAC = 0.01
 COUNT_TOLERANCE_FRAC = 0.05

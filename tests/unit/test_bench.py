@@ -364,7 +364,7 @@ def test_asyncio_loop_hides_uvloop_from_the_child_only(tmp_path: Path) -> None:
         loop_env("trio", tmp_path, env)
 
 
-# ---------------------------------------------------------------------- soak (issue 7)
+# ---------------------------------------------------------------------- soak
 def test_least_squares_slope_recovers_a_line_and_refuses_a_point() -> None:
     from bench.soak import least_squares_slope
 

@@ -326,7 +326,7 @@ def test_dialect_twilio_renders_twilio_apps_the_gateway_accepts(tmp_path: Path) 
         dialect="twilio",
     )
     text = render_config(spec)
-    assert "audio" not in text and "speech" not in text  # INTERFACES §4
+    assert "audio" not in text and "speech" not in text  # docs/protocol-twilio.md
     path = tmp_path / "gateway.toml"
     path.write_text(text)
     config = load_config(path, {"BENCH_TWILIO_TOKEN": "t", "BENCH_APP_SECRET": "s"})
