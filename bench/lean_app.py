@@ -34,13 +34,14 @@ import time
 import warnings
 from array import array
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from appbridge.testing.fake_app import SIGNATURE_MAX_SKEW_S, fonoster_signature
+from bench.lean_peer import LeanPeer
 from bench.measure import LOUD_SAMPLE
-from bench.stamped import StampedServer, StampedTransport, read_times, start_server
+from bench.stamped import StampedServer, read_times, start_server
 from bench.ws_lean import (
     OP_BINARY,
     OP_CLOSE,
@@ -105,7 +106,7 @@ def verify_signature(
     return None
 
 
-class LeanSession(asyncio.Protocol):
+class LeanSession(LeanPeer):
     """One session socket from the app's side (module doc); recordings in flat arrays."""
 
     def __init__(self, app: LeanApp) -> None:
@@ -121,8 +122,8 @@ class LeanSession(asyncio.Protocol):
         self.track_loudness = False
         self.protocol_errors: list[str] = []
         self.close_code: int | None = None
-        self._transport: asyncio.Transport | None = None
-        self._stamps: StampedTransport | None = None
+        self._transport = None
+        self._stamps = None
         self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._parser: FrameParser | None = None
@@ -136,12 +137,7 @@ class LeanSession(asyncio.Protocol):
     def closed(self) -> bool:
         return self._closed
 
-    # -- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self._transport = cast(asyncio.Transport, transport)
-        self._stamps = transport if isinstance(transport, StampedTransport) else None
-
+    # -- asyncio.Protocol (connection_made, connection_lost: bench/lean_peer.py) -------------
     def data_received(self, data: bytes) -> None:
         if self._parser is None:
             self._handshake(data)
@@ -166,10 +162,6 @@ class LeanSession(asyncio.Protocol):
                 self._send_close(1000 if self.close_code == 1005 else self.close_code)
                 self._abort()  # the server closes TCP first (RFC 6455 §7.1.1)
                 return
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._set_closed()
 
     def _on_binary(self, payload: bytes, now: float) -> None:
         """A session audio frame (docs/protocol-session-v1.md): arrival, track id byte, loud or
@@ -277,15 +269,6 @@ class LeanSession(asyncio.Protocol):
         if not self._close_sent:
             self._close_sent = True
             self._write(encode_frame(OP_CLOSE, close_payload(code, reason)))
-
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
-    def _abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-        self._set_closed()
 
     def _set_closed(self) -> None:
         if self._closed:

@@ -54,7 +54,8 @@ from appbridge.testing.fake_twilio import (
     twilio_signature,
     voice_webhook_form,
 )
-from bench.stamped import StampedTransport, open_connection, read_times
+from bench.lean_peer import LeanPeer
+from bench.stamped import open_connection, read_times
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
@@ -140,7 +141,7 @@ class MediaPayloads:
         return out
 
 
-class LeanTwilioCall(asyncio.Protocol):
+class LeanTwilioCall(LeanPeer):
     """One caller's Media Stream (module doc); duck-types the views :mod:`bench.analysis` reads."""
 
     def __init__(self, twilio: LeanTwilio, call_sid: str, from_: str, to: str) -> None:
@@ -187,8 +188,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self._playout_bytes = 0
         self._pending_marks: list[list[object]] = []  # [name, bytes still ahead of it]
         # Socket.
-        self._transport: asyncio.Transport | None = None
-        self._stamps: StampedTransport | None = None
+        self._transport = None
+        self._stamps = None
         self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._key = ""
@@ -260,12 +261,7 @@ class LeanTwilioCall(asyncio.Protocol):
         self._send_sequenced("start", start)
         self.twilio.ticker.add(self)
 
-    # -- asyncio.Protocol -------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self._transport = cast(asyncio.Transport, transport)
-        self._stamps = transport if isinstance(transport, StampedTransport) else None
-
+    # -- asyncio.Protocol (connection_made, connection_lost: bench/lean_peer.py) -------------
     def data_received(self, data: bytes) -> None:
         if not self.has_stream and self._opened is not None and not self._opened.done():
             self._head += data
@@ -302,10 +298,6 @@ class LeanTwilioCall(asyncio.Protocol):
                 self._ending = True
             elif opcode != OP_PONG:
                 self.protocol_errors.append(f"binary frame of {len(payload)} bytes")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._set_closed()
 
     _ending = False
 
@@ -427,10 +419,6 @@ class LeanTwilioCall(asyncio.Protocol):
             {"event": event, "sequenceNumber": seq, event: body, "streamSid": self.stream_sid}
         )
 
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
     # -- ending -----------------------------------------------------------------------------
     async def hangup(self, timeout_s: float = 5.0) -> None:
         """The caller hangs up: ``stop``, a close (1000), and wait for the gateway's close."""
@@ -445,11 +433,6 @@ class LeanTwilioCall(asyncio.Protocol):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
         self._abort()
-
-    def _abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-        self._set_closed()
 
     def _set_closed(self) -> None:
         if self.closed:

@@ -510,17 +510,22 @@ def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path:
 
 
 # ---------------------------------------------------------------------- the run
-async def run(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    report: dict[str, Any] = {
+def report_head(args: argparse.Namespace) -> dict[str, Any]:
+    """What every results JSON (a ramp's, a soak's) starts with: when, which code (the commit
+    and a hash of the uncommitted diff), which machine, which options."""
+    return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": _git_commit(),
         "uncommitted": _tree_diff(),
         "machine": _machine(),
         "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
-        "steps": [],
     }
+
+
+async def run(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    report: dict[str, Any] = {**report_head(args), "steps": []}
     machine = report["machine"]
     print(
         f"bench: commit {report['commit']}, {machine['cpu_model']} x {machine['cpus']}; gateway "

@@ -52,11 +52,12 @@ from bench.load import (
     WorkerProc,
     _split,
     dialect_line,
+    report_head,
     start_gateway,
     stop_all,
     worker_env,
 )
-from bench.machine import _core_shares, _cpu_times, _git_commit, _machine, _tree_diff
+from bench.machine import _core_shares, _cpu_times
 from bench.report import (
     Summary,
     bound_cell,
@@ -67,6 +68,7 @@ from bench.report import (
     parse_histogram,
     parse_metric,
 )
+from bench.soak_worker import SAMPLE_FIELDS
 from bench.speed import probe_core
 
 __all__ = ["SAMPLE_PERIOD_S", "WARMUP_S", "Trend", "assess", "least_squares_slope", "run_soak"]
@@ -227,11 +229,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     report: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _git_commit(),
-        "uncommitted": _tree_diff(),
-        "machine": _machine(),
-        "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
+        **report_head(args),
         "rules": {
             "warmup_s": args.warmup,
             "sample_period_s": SAMPLE_PERIOD_S,
@@ -400,16 +398,7 @@ def _summarise(
         parse_histogram(metrics[0], LATENESS_METRIC), parse_histogram(metrics[1], LATENESS_METRIC)
     )
     figs = [f["figures"] for f in finishes]
-    caller = {
-        name: _worst([f[name + "_summary"] for f in figs])
-        for name in (
-            "jitter_ms",
-            "clear_to_silence_ms",
-            "inbound_latency_ms",
-            "jitter_loop_ms",
-            "inbound_latency_loop_ms",
-        )
-    }
+    caller = {name: _worst([f[name + "_summary"] for f in figs]) for name in SAMPLE_FIELDS}
 
     def total(key: str) -> int:
         return sum(int(f[key]) for f in figs)
