@@ -116,7 +116,7 @@ class LeanSession(LeanPeer):
         self.messages: list[dict[str, Any]] = []
         self.message_times: list[float] = []
         self.audio_times = array("d")  # the kernel's arrival stamp (module doc)
-        self.audio_loop_times = array("d")  # when the loop read it (the classic stamp)
+        self.audio_loop_times = array("d")  # when the loop read it (kept for comparison)
         self.audio_tracks = array("B")
         self.audio_loud = array("B")  # 1 loud; always 0 unless track_loudness
         self.track_loudness = False

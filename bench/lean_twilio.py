@@ -1,8 +1,8 @@
 """The benchmark's lean Twilio callers: the caller's leg of docs/protocol-twilio.md, lean.
 
-They play the part of :class:`appbridge.testing.fake_twilio.FakeTwilioCall` with
-``continuous_media=True`` in the load generator (bench/README.md, "Lean peers") and put the same
-traffic on the wire:
+They are the load generator's Twilio callers (bench/README.md, "Lean peers") and put the
+traffic of :class:`appbridge.testing.fake_twilio.FakeTwilioCall` with ``continuous_media=True``
+on the wire:
 
 * the voice webhook: a form POST to ``/twilio/voice`` with Twilio's fields, signed with
   ``X-Twilio-Signature`` (:func:`appbridge.testing.fake_twilio.twilio_signature`); the TwiML
@@ -13,14 +13,14 @@ traffic on the wire:
   caller is not talking), ``mark`` echoes once the audio queued before a mark has played, every
   pending mark at once on ``clear``, and ``stop`` then a close at hang-up.
 
-The saving (about half the classic peers' CPU per call): one :class:`TwilioTicker` for every
-caller of a worker instead of two tasks per call, spread over ``slots`` phases of the 20 ms
-period so the gateway still sees the callers' frames spread in time; each media message is one
-f-string around a base64 payload encoded once per distinct frame (the caller's audio is
-periodic); frames are written straight to the transport (:mod:`bench.ws_lean`); what the
-gateway sends is parsed with msgspec into a typed struct and only arrival times and byte
-counts are recorded, in flat arrays. Playout is simulated at 8000 samples/s, one 20 ms frame
-per tick, as the fake does.
+The saving (about half of the project's test peers' CPU per call): one :class:`TwilioTicker` for
+every caller of a worker instead of two tasks per call, spread over ``slots`` phases of the
+20 ms period so the gateway still sees the callers' frames spread in time; each media message is
+one f-string around a base64 payload encoded once per distinct frame (the caller's audio is
+periodic); frames are written straight to the transport (:mod:`bench.ws_lean`); what the gateway
+sends is parsed with msgspec into a typed struct and only arrival times and byte counts are
+recorded, in flat arrays. Playout is simulated at 8000 samples/s, one 20 ms frame per tick, as
+the fake does.
 
 Receive stamps (bench/README.md, "Receive stamps"): the stream runs on a
 :mod:`bench.stamped` transport, so a ``media``, ``mark`` or ``clear`` arrives at the instant

@@ -187,7 +187,8 @@ def audio_frames_between(media: Sequence[tuple[float, int]], start: float, end: 
 def playing_at(heard: Sequence[tuple[float, bytes, int]], t: float) -> bool:
     """Whether the caller's playout was playing gateway audio at instant ``t``.
 
-    ``heard`` is ``FakeTwilioCall.heard_frames()``: (tick start, frame, audio bytes in it).
+    ``heard`` is a caller's ``heard_frames()`` (bench/lean_twilio.py, bench/sip_caller.py):
+    (tick start, frame, audio bytes in it).
     """
     for start, _frame, n in heard:
         if start <= t < start + FRAME_S:
