@@ -52,10 +52,11 @@ from bench.report import (
     bound_cell,
     format_table,
     histogram_delta,
+    number_cell,
     paced_collections,
-    paced_collections_line,
     parse_histogram,
     parse_metric,
+    step_detail_lines,
 )
 from bench.speed import probe_core
 
@@ -112,17 +113,6 @@ def dialect_line(args: argparse.Namespace) -> str:
         f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz), "
         f"speak {args.speak}"
     )
-
-
-def _cell(summary: dict[str, Any]) -> str:
-    """``p50/p99/max`` of a :meth:`Summary.as_dict`, or ``-``."""
-    if not summary.get("count"):
-        return "-"
-    return "/".join(f"{summary[k]:.1f}" for k in ("p50", "p99", "max"))
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 # ---------------------------------------------------------------------- workers
@@ -436,75 +426,26 @@ async def _measure(
     row = [
         str(calls),
         str(held),
-        _fmt(gw_cpu_pct),
-        _fmt(gw_cpu_pct / held, 3) if held else "-",
-        _fmt(rss_end / 2**20),
-        _fmt(rss_added / 1024 / held, 0) if held else "-",
+        number_cell(gw_cpu_pct),
+        number_cell(gw_cpu_pct / held, 3) if held else "-",
+        number_cell(rss_end / 2**20),
+        number_cell(rss_added / 1024 / held, 0) if held else "-",
         tick,
         summaries["caller_jitter_ms"].cell(),
         summaries["clear_to_silence_ms"].cell(),
         summaries["inbound_latency_ms"].cell(),
         f"{figures.frames_lost}/{figures.frames_expected}" if figures.frames_expected else "-",
-        "+".join(_fmt(p, 0) for p in gen_pct),
-        _fmt(noise, 0),
+        "+".join(number_cell(p, 0) for p in gen_pct),
+        number_cell(noise, 0),
         ("yes" if valid else "INVALID") + ("/shared" if shared else ""),
     ]
     return data, row
 
 
-def receive_stamps_line(step: dict[str, Any]) -> str:
-    """The step's detail line on receive stamps: the table's figures use the kernel's arrival
-    stamps (bench/stamped.py); the same figures from the generator loop's read instants show
-    how much of the old figure was the generator's own lag (bench/README.md)."""
-    return (
-        "receive stamps: kernel (table) vs generator loop, p50/p99/max ms: inbound "
-        f"{_cell(step['inbound_latency_ms'])} vs {_cell(step['inbound_latency_loop_ms'])}; "
-        f"caller jitter {_cell(step['caller_jitter_ms'])} vs "
-        f"{_cell(step['caller_jitter_loop_ms'])}"
-    )
-
-
-def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path: Path) -> None:
-    """The lines under a step's row: what the table's cells summarise."""
-    print(
-        f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
-        f"bursts with no audio at all {data['bursts_silent']} (in "
-        f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
-        f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
-        f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
-        f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
-        flush=True,
-    )
-    dropped = data.get("gateway_dropped_frames") or {}
-    if any(dropped.values()):
-        print(
-            f"  frames the gateway dropped because a peer read too slowly: to apps "
-            f"{dropped.get('app', 0):.0f}, to carriers {dropped.get('carrier', 0):.0f}",
-            flush=True,
-        )
-    if "gc" in data:
-        print(f"  {paced_collections_line(data['gc'])}", flush=True)
-    for lost in data.get("lost_bursts", [])[:5]:
-        print(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}", flush=True)
-    print(
-        "  gateway CPU user/system: "
-        + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])
-        + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
-        + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
-        + " ms",
-        flush=True,
-    )
-    print(
-        "  by carrier (p50/p99/max ms): "
-        + "; ".join(
-            f"{carrier}: clear→silence {_cell(part['clear_to_silence_ms'])}, inbound "
-            f"{_cell(part['inbound_latency_ms'])}, jitter {_cell(part['caller_jitter_ms'])}, "
-            f"frames lost {part['frames_lost']}/{part['frames_expected']}"
-            for carrier, part in data["by_carrier"].items()
-        ),
-        flush=True,
-    )
-    print(f"  {receive_stamps_line(data)}", flush=True)
+def print_step_details(data: dict[str, Any], log_path: Path) -> None:
+    """The lines under a step's row (:func:`bench.report.step_detail_lines`)."""
+    for line in step_detail_lines(data):
+        print(line, flush=True)
     if data["held"] == 0:
         print(f"bench: no call was answered; see {log_path}", flush=True)
 
@@ -549,7 +490,7 @@ async def run(args: argparse.Namespace) -> int:
         report["steps"].append(data)
         rows.append(row)
         print(format_table(HEADERS, [row]), flush=True)
-        print_step_details(data, args, out_dir / f"gateway-{calls}.log")
+        print_step_details(data, out_dir / f"gateway-{calls}.log")
         if args.until_break and bar_failures(data) and calls != args.calls[-1]:
             print(f"bench: {calls} calls missed a bar; the ramp stops here", flush=True)
             break

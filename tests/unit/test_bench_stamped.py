@@ -19,7 +19,7 @@ import pytest
 
 from bench.analysis import analyse_calls
 from bench.lean_app import LeanApp, LeanSession
-from bench.load import receive_stamps_line
+from bench.report import receive_stamps_line
 from bench.stamped import (
     REFRESH_TRIES,
     SCM_TIMESTAMPNS,
