@@ -56,10 +56,9 @@ LOST_BURSTS_KEPT = 20
 LOOK_BEFORE_S = 0.1
 #: Arrivals this little before a burst's stamped send count as the burst's. The caller's kernel
 #: stamps reach the monotonic clock through a bracketed offset (bench/stamped.py), so a frame
-#: the gateway forwards at once can be dated a hair before the send it answers: on 2 December
-#: 2026 a Twilio-dialect step counted one frame lost that arrived "0.0 ms" before its burst's
-#: send, every other frame of the burst there. No frame of the burst before can arrive then in
-#: a step that keeps the bars: bursts start 5 s apart and play for about 2 s.
+#: the gateway forwards at once can be dated a hair before the send it answers. No frame of the
+#: burst before can arrive then in a step that keeps the bars: bursts start 5 s apart and play
+#: for about 2 s.
 STAMP_SLACK_S = 0.002
 
 

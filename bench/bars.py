@@ -17,8 +17,8 @@ The bars (docs/PERFORMANCE.md, "Against the goals"), per step:
   by admission control, which the overload mode counts instead);
 * and the step is *valid*: a generator over 70 % of its core measures itself.
 
-Cost per call (CPU ≤ 0.25 % of a core, memory ≤ 200 KB) is a goal of the issue, not a quality
-bar: the final line reports it beside the count, and :func:`cost_failures` checks it.
+Cost per call (CPU ≤ 0.25 % of a core, memory ≤ 200 KB) is a goal (docs/PERFORMANCE.md), not a
+quality bar: the final line reports it beside the count, and :func:`cost_failures` checks it.
 """
 
 from __future__ import annotations

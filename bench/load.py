@@ -63,7 +63,7 @@ from bench.speed import probe_core
 ACCOUNT_SID = "AC" + "be" * 16
 LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
 DROPPED_METRIC = "appbridge_audio_frames_dropped_total"
-#: The issue's bar: a load generator busier than this (per core) distorts what it measures.
+#: The validity bar: a load generator busier than this (per core) distorts what it measures.
 GENERATOR_CPU_LIMIT_PCT = 70.0
 #: Other processes using more than this share of the gateway's core make the step noisy.
 NOISY_PCT = 10.0

@@ -155,13 +155,11 @@ class SoakWorker(Worker):
         """Keep the collector's full passes short (the churn stall, docs/PERFORMANCE.md).
 
         Every call keeps all its messages until it ends (for :func:`analyse_calls`), so the
-        oldest generation grows to millions of tracked objects, and each automatic full pass
-        walked all of them: 50 ms after 10 s of churn, 470 ms after 60 s, seconds in a
-        10-minute soak, every 3-6 s, on the loop that paces the callers' frames. Those passes
-        found next to nothing (0-180 objects). ``gc.freeze()`` every second moves what is alive
-        into the permanent generation, which no pass walks; what is dropped later is still
-        freed by reference counting, and the rare cycles among frozen objects stay until the
-        worker exits (the worker's own RSS is reported by ``window_end``).
+        oldest generation grows large, and each automatic full pass walks all of it on the loop
+        that paces the callers' frames, to find next to nothing. ``gc.freeze()`` every second
+        moves what is alive into the permanent generation, which no pass walks; what is dropped
+        later is still freed by reference counting, and the rare cycles among frozen objects
+        stay until the worker exits (the worker's own RSS is reported by ``window_end``).
         """
         while self.churning:
             gc.freeze()
