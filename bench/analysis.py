@@ -1,6 +1,6 @@
-"""From the fakes' recordings of one step to the figures of the table (bench/README.md).
+"""From the peers' recordings of one step to the figures of the table (bench/README.md).
 
-Reads :class:`~appbridge.testing.fake_twilio.FakeTwilioCall` (or the SIP caller,
+Reads the callers (:class:`bench.lean_twilio.LeanTwilioCall`, and
 :class:`bench.sip_caller.SipCaller`, which offers the same views) and
 :class:`bench.talker.AppScript` after the calls have hung up; only what happened inside the
 hold window counts (the ramp and the hang-up are excluded). The pure pieces are in
@@ -10,7 +10,7 @@ Receive stamps: the lean peers and the SIP caller record when the kernel queued 
 received (bench/stamped.py), and also when their loop read it. The figures use the kernel's;
 inbound latency and caller jitter are computed a second time from the loop's
 (``inbound_latency_loop_ms``, ``jitter_loop_ms``) to show how much of the old figures was the
-generator's own lag. The classic peers have loop stamps only: both come out the same there.
+generator's own lag. A recording without loop stamps gives the same figure twice.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from appbridge.testing.fake_app import FakeSession
-from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.lean_app import LeanSession
 from bench.lean_twilio import LeanTwilioCall
 from bench.measure import (
@@ -35,7 +33,6 @@ from bench.measure import (
     caller_jitter_ms,
     inbound_latencies_ms,
     onset_latencies_flags_ms,
-    onset_latencies_ms,
     playing_at,
 )
 from bench.pipecat_app import TwilioAppSession
@@ -43,9 +40,8 @@ from bench.report import Summary, summarize
 from bench.sip_caller import SipCaller
 from bench.talker import AppScript
 
-#: A Twilio caller (the project's fake or the lean one, bench/lean_twilio.py) or a SIP/RTP one
-#: (bench/sip_caller.py).
-Caller = FakeTwilioCall | LeanTwilioCall | SipCaller
+#: A Twilio caller (bench/lean_twilio.py) or a SIP/RTP one (bench/sip_caller.py).
+Caller = LeanTwilioCall | SipCaller
 
 __all__ = ["Caller", "CallerFigures", "analyse_calls"]
 
@@ -54,21 +50,15 @@ INBOUND_TRACK_ID = 1
 BURST_TAIL_S = 3.0
 
 
-def _b64_len(payload: str) -> int:
-    """Decoded length of a base64 string, without decoding it (RFC 4648 §4)."""
-    return len(payload) // 4 * 3 - payload[-2:].count("=") if payload else 0
-
-
 #: How many lost bursts :class:`CallerFigures` describes in full, per worker.
 LOST_BURSTS_KEPT = 20
 #: How far before a lost burst's send the caller's arrivals are listed (``just_before_ms``).
 LOOK_BEFORE_S = 0.1
 #: Arrivals this little before a burst's stamped send count as the burst's. The caller's kernel
 #: stamps reach the monotonic clock through a bracketed offset (bench/stamped.py), so a frame
-#: the gateway forwards at once can be dated a hair before the send it answers: on 2 December
-#: 2026 a Twilio-dialect step counted one frame lost that arrived "0.0 ms" before its burst's
-#: send, every other frame of the burst there. No frame of the burst before can arrive then in
-#: a step that keeps the bars: bursts start 5 s apart and play for about 2 s.
+#: the gateway forwards at once can be dated a hair before the send it answers. No frame of the
+#: burst before can arrive then in a step that keeps the bars: bursts start 5 s apart and play
+#: for about 2 s.
 STAMP_SLACK_S = 0.002
 
 
@@ -185,55 +175,20 @@ def _expected_frames(script: AppScript, burst_index: int) -> int | None:
     return None
 
 
-def _media_received(call: Caller) -> list[tuple[float, int]]:
-    """(arrival, audio bytes) per message of gateway audio that reached the caller."""
-    if isinstance(call, SipCaller | LeanTwilioCall):
-        return call.media_arrivals()
-    media: list[tuple[float, int]] = []
-    for t, msg in call.received:
-        if msg.get("event") == "media":
-            body = msg.get("media")
-            payload = body.get("payload") if isinstance(body, dict) else None
-            media.append((t, _b64_len(payload) if isinstance(payload, str) else 0))
-    return media
-
-
-def _media_sent_times(call: Caller) -> list[float]:
-    """When the caller sent each 20 ms frame of its voice (or of silence)."""
-    if isinstance(call, SipCaller | LeanTwilioCall):
-        return call.sent_media_times()
-    return [t for t, msg in call.sent if msg.get("event") == "media"]
-
-
 def _loop_times(loop_times: Sequence[float], times: Sequence[float]) -> Sequence[float]:
     """The loop-time stamps of a recording, or its only stamps when it has no separate ones
-    (classic peers, or a recording built without them)."""
+    (a recording built without them, as the unit tests' are)."""
     return loop_times if len(loop_times) == len(times) else times
 
 
-def _caller_loop_times(call: Caller, paced: Sequence[float]) -> Sequence[float]:
-    """When the caller's loop read each of ``paced`` (the arrivals its jitter is taken over)."""
-    if isinstance(call, SipCaller | LeanTwilioCall):
-        return _loop_times(call.recv_loop_times, paced)
-    return paced
-
-
-def _inbound_times(session: FakeSession | LeanSession, *, loop: bool = False) -> list[float]:
+def _inbound_times(session: LeanSession, *, loop: bool = False) -> list[float]:
     """Arrival of each binary frame of the caller's track at the app (``loop``: when the app's
     loop read it, rather than the kernel's stamp)."""
-    if isinstance(session, LeanSession):
-        times: Sequence[float] = session.audio_times
-        if loop:
-            times = _loop_times(session.audio_loop_times, times)
-        return [
-            t
-            for t, track in zip(times, session.audio_tracks, strict=True)
-            if track == INBOUND_TRACK_ID
-        ]
+    times: Sequence[float] = session.audio_times
+    if loop:
+        times = _loop_times(session.audio_loop_times, times)
     return [
-        t
-        for t, frame in zip(session.audio_times, session.audio, strict=True)
-        if frame[:1] == bytes([INBOUND_TRACK_ID])
+        t for t, track in zip(times, session.audio_tracks, strict=True) if track == INBOUND_TRACK_ID
     ]
 
 
@@ -252,9 +207,9 @@ def _inbound_loudness(session: LeanSession, *, loop: bool = False) -> list[tuple
 def _marks_echoed(script: AppScript) -> tuple[dict[str, dict[str, Any]], int]:
     """The mark echoes the app received by name, and how many repeated a name.
 
-    Fonoster: ``{"type":"mark","name":…,"cleared":…}`` (seed 004). Twilio dialect:
-    ``{"event":"mark","mark":{"name":…}}`` (reference/twilio.md), with no ``cleared`` flag: the
-    echo of a played mark and of a cleared one look alike there.
+    Fonoster: ``{"type":"mark","name":…,"cleared":…}`` (docs/protocol-session-v1.md). Twilio
+    dialect: ``{"event":"mark","mark":{"name":…}}`` (docs/protocol-twilio.md), with no
+    ``cleared`` flag: the echo of a played mark and of a cleared one look alike there.
     """
     marks: dict[str, dict[str, Any]] = {}
     duplicated = 0
@@ -319,14 +274,14 @@ def _analyse_one(
     call: Caller, script: AppScript, window: tuple[float, float], out: CallerFigures
 ) -> None:
     t0, t1 = window
-    media = _media_received(call)
+    media = call.media_arrivals()
     # RTP is continuous (silence when idle): its pacing is every packet's, audio or not.
     paced = call.recv_times if isinstance(call, SipCaller) else [t for t, _ in media]
     # A Pipecat-style app streams its bursts in at 2x real time: the pacer builds its lead
     # over a few ticks instead of one (bench/measure.py caller_jitter_ms).
     streamed = isinstance(script.session, TwilioAppSession)
     out.jitter_ms += caller_jitter_ms([t for t in paced if t0 <= t < t1], lead_building=streamed)
-    paced_loop = _caller_loop_times(call, paced)
+    paced_loop = _loop_times(call.recv_loop_times, paced)
     out.jitter_loop_ms += caller_jitter_ms(
         [t for t in paced_loop if t0 <= t < t1], lead_building=streamed
     )
@@ -334,7 +289,7 @@ def _analyse_one(
     out.app_protocol_errors += len(script.session.protocol_errors)
 
     # Inbound: caller media sent -> the app's binary frame on the inbound track.
-    sent = _media_sent_times(call)
+    sent = call.sent_media_times()
     session = script.session
     received = _inbound_times(session)
     out.inbound_frames_sent += sum(1 for t in sent if t0 <= t < t1)
@@ -342,23 +297,11 @@ def _analyse_one(
     if isinstance(call, SipCaller):
         # Frames cannot be paired over SIP (the jitter buffer conceals and drops): measure from
         # each talkspurt's first packet to the first loud frame at the app instead.
-        if isinstance(session, LeanSession):
-            flags = _inbound_loudness(session)
-            onsets = call.onset_times
-            out.inbound_latency_ms += onset_latencies_flags_ms(onsets, flags, window=window)
-            loop_flags = _inbound_loudness(session, loop=True)
-            out.inbound_latency_loop_ms += onset_latencies_flags_ms(
-                onsets, loop_flags, window=window
-            )
-        else:
-            frames = [
-                (t, frame[1:])
-                for t, frame in zip(session.audio_times, session.audio, strict=True)
-                if frame[:1] == bytes([INBOUND_TRACK_ID])
-            ]
-            onsets_ms = onset_latencies_ms(call.onset_times, frames, window=window)
-            out.inbound_latency_ms += onsets_ms
-            out.inbound_latency_loop_ms += onsets_ms  # the classic app stamps with its loop
+        flags = _inbound_loudness(session)
+        onsets = call.onset_times
+        out.inbound_latency_ms += onset_latencies_flags_ms(onsets, flags, window=window)
+        loop_flags = _inbound_loudness(session, loop=True)
+        out.inbound_latency_loop_ms += onset_latencies_flags_ms(onsets, loop_flags, window=window)
     else:
         paired = inbound_latencies_ms(sent, received, window=window)
         if paired is None:
@@ -389,7 +332,7 @@ def _analyse_one(
         out.marks_echoed += 0 if mark is None else 1
         if burst.clear_at is not None:
             out.clears_sent += 1
-            # Seed 004 via INTERFACES §6: the gateway passes a clear on to Twilio.
+            # docs/protocol-twilio.md: the gateway passes a clear on to Twilio.
             if any(burst.clear_at <= t < burst.clear_at + BURST_TAIL_S for t in call.clear_times):
                 out.clears_at_caller += 1
             if playing_at(heard, burst.clear_at):

@@ -1,11 +1,11 @@
-"""Issue 7's quality bars, checked on one step's figures; the table's final line.
+"""The benchmark's quality bars, checked on one step's figures; the table's final line.
 
 Pure (no I/O, no clock): :func:`bar_failures` reads the step dictionary that
 :func:`bench.load.run_step` writes to the JSON, and says which bars it missed;
 :func:`largest_passing` and :func:`final_line` give the line under the table, "the largest call
-count that met every bar" (issue 7, "What to build").
+count that met every bar" (bench/README.md, "The bars and the final line").
 
-The bars (issue 7, "Goals"), per step:
+The bars (docs/PERFORMANCE.md, "Against the goals"), per step:
 
 * output pacing lateness p99 ≤ 5 ms and max ≤ 20 ms: the gateway's tick-lateness histogram,
   which is bucketed, so a bucket *bound* must be within the bar (a step whose p99 falls in
@@ -17,8 +17,8 @@ The bars (issue 7, "Goals"), per step:
   by admission control, which the overload mode counts instead);
 * and the step is *valid*: a generator over 70 % of its core measures itself.
 
-Cost per call (CPU ≤ 0.25 % of a core, memory ≤ 200 KB) is a goal of the issue, not a quality
-bar: the final line reports it beside the count, and :func:`cost_failures` checks it.
+Cost per call (CPU ≤ 0.25 % of a core, memory ≤ 200 KB) is a goal (docs/PERFORMANCE.md), not a
+quality bar: the final line reports it beside the count, and :func:`cost_failures` checks it.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def _over(value: Any, limit: float) -> bool:
     return isinstance(value, int | float) and float(value) > limit
 
 
-#: ``make bench`` with no ``--calls`` (issue 7: "a bounded ramp: 50, 100, 200, 300, 400, ...
-#: until a bar breaks"): these steps in order, stopping after the first that misses a bar.
+#: ``make bench`` with no ``--calls`` (a bounded ramp: 50, 100, 200, 300, 400, ... until a bar
+#: breaks): these steps in order, stopping after the first that misses a bar.
 DEFAULT_RAMP: tuple[int, ...] = (50, 100, *range(200, 1001, 100))
 
 
@@ -116,7 +116,7 @@ def largest_passing(steps: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | N
 
 
 def final_line(steps: Sequence[Mapping[str, Any]]) -> str:
-    """The line under the table (issue 7): the largest call count that met every bar."""
+    """The line under the table: the largest call count that met every bar."""
     best = largest_passing(steps)
     if best is None:
         reasons = "; ".join(f"{s.get('offered', '?')}: {', '.join(bar_failures(s))}" for s in steps)

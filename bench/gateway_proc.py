@@ -1,6 +1,6 @@
 """The gateway under test, run as a separate process pinned to one core.
 
-``appbridge serve --config FILE`` (INTERFACES §2) with a configuration written for the run: the
+``appbridge serve --config FILE`` (docs/operations.md) with a configuration written for the run: the
 Twilio carrier pointed at the fake REST API, one app per worker (fonoster, pcm16 16 kHz; or a
 Twilio-dialect app with ``--dialect twilio``), every number routed to one. Secrets go through
 ``${NAME}`` environment references, as an operator would write them (docs/configuration.md,
@@ -9,7 +9,7 @@ Twilio-dialect app with ``--dialect twilio``), every number routed to one. Secre
 The child is pinned with ``sched_setaffinity`` before it executes the gateway, so every thread it
 starts later (the eSpeak worker included) inherits the core, and it is told to die with its parent
 (``PR_SET_PDEATHSIG``, prctl(2)) so a crashed benchmark never leaves a gateway behind. Stopping
-follows INTERFACES §2: SIGINT stops at once; SIGKILL if it has not exited in a few seconds.
+follows docs/operations.md: SIGINT stops at once; SIGKILL if it has not exited in a few seconds.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class GatewaySpec:
     #: The apps' protocol: "fonoster" (pcm16 16 kHz, local speech) or "twilio" (Media Streams,
     #: µ-law 8 kHz, no ``audio`` or ``speech``; ``workspace_ref`` = the bench's AccountSid).
     dialect: str = "fonoster"
-    #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as INTERFACES
-    #: §4 has it; "none" works around the gateway listening (STT, turns) for apps whose
-    #: dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
+    #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as
+    #: docs/protocol-twilio.md has it; "none" works around the gateway listening (STT, turns)
+    #: for apps whose dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
 
     @property
     def base_url(self) -> str:
@@ -141,8 +141,9 @@ auth_token = "${{BENCH_TWILIO_TOKEN}}"
 api_base = "{spec.rest_base_url}"
 """
     if spec.dialect == "twilio":
-        # INTERFACES §4: a twilio app has no ``audio`` (always µ-law 8 kHz) and no speech; its
-        # workspace_ref is the AccountSid its calls' ``start`` carries (INTERFACES §7).
+        # docs/protocol-twilio.md: a twilio app has no ``audio`` (always µ-law 8 kHz) and no
+        # speech; its workspace_ref is the AccountSid its calls' ``start`` carries
+        # (docs/configuration.md).
         body = f'protocol = "twilio"\nworkspace_ref = "{spec.account_sid}"\n'
     elif spec.dialect == "fonoster":
         body = (
@@ -290,7 +291,7 @@ class GatewayProcess:
         return self.proc is not None and self.proc.poll() is None
 
     async def stop(self, timeout_s: float = 5.0) -> int | None:
-        """SIGINT (stop at once, INTERFACES §2), then SIGKILL after ``timeout_s``. Returns the
+        """SIGINT (stop at once, docs/operations.md), then SIGKILL after ``timeout_s``. Returns the
         exit status."""
         proc = self.proc
         if proc is None:

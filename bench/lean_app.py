@@ -1,11 +1,11 @@
-"""The benchmark's lean fonoster app: seed 004's session server on a plain ``asyncio.Protocol``.
+"""The benchmark's lean fonoster app: the session server of docs/protocol-session-v1.md, lean.
 
 It plays the same part as :class:`appbridge.testing.fake_app.FakeApp` in the load generator
 (bench/README.md, "Lean peers") and speaks the same wire: the gateway's WebSocket upgrade is
-verified as seed 004 "Verifying the connection" says (``X-Fonoster-Timestamp`` within 300 s,
-``X-Fonoster-Signature`` = lowercase hex HMAC-SHA256 of ``<timestamp>.<url>``, compared in
-constant time; 401 otherwise, 404 for another path), pings are answered (seed 004
-"Keepalive"), and a close is echoed (RFC 6455 §5.5.1).
+verified as docs/protocol-session-v1.md, "Connection and frames", says
+(``X-Fonoster-Timestamp`` within 300 s, ``X-Fonoster-Signature`` = lowercase hex HMAC-SHA256
+of ``<timestamp>.<url>``, compared in constant time; 401 otherwise, 404 for another path),
+pings are answered (docs/protocol-session-v1.md), and a close is echoed (RFC 6455 §5.5.1).
 
 What it saves per frame, at 50 caller frames a second per call: no task, future or queue per
 frame (one ``data_received`` callback reads every frame in the segment), and the caller's
@@ -34,13 +34,14 @@ import time
 import warnings
 from array import array
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from appbridge.testing.fake_app import SIGNATURE_MAX_SKEW_S, fonoster_signature
+from bench.lean_peer import LeanPeer
 from bench.measure import LOUD_SAMPLE
-from bench.stamped import StampedServer, StampedTransport, read_times, start_server
+from bench.stamped import StampedServer, read_times, start_server
 from bench.ws_lean import (
     OP_BINARY,
     OP_CLOSE,
@@ -86,7 +87,8 @@ def frame_is_loud(frame: bytes) -> bool:
 def verify_signature(
     secret: str, url: str, headers: dict[str, str], now_s: float
 ) -> tuple[int, str] | None:
-    """None when the upgrade is signed as seed 004 says, else (HTTP status, reason).
+    """None when the upgrade is signed as docs/protocol-session-v1.md says, else (HTTP status,
+    reason).
 
     ``headers`` have lowercase names; ``now_s`` is wall-clock Unix seconds.
     """
@@ -104,7 +106,7 @@ def verify_signature(
     return None
 
 
-class LeanSession(asyncio.Protocol):
+class LeanSession(LeanPeer):
     """One session socket from the app's side (module doc); recordings in flat arrays."""
 
     def __init__(self, app: LeanApp) -> None:
@@ -114,14 +116,14 @@ class LeanSession(asyncio.Protocol):
         self.messages: list[dict[str, Any]] = []
         self.message_times: list[float] = []
         self.audio_times = array("d")  # the kernel's arrival stamp (module doc)
-        self.audio_loop_times = array("d")  # when the loop read it (the classic stamp)
+        self.audio_loop_times = array("d")  # when the loop read it (kept for comparison)
         self.audio_tracks = array("B")
         self.audio_loud = array("B")  # 1 loud; always 0 unless track_loudness
         self.track_loudness = False
         self.protocol_errors: list[str] = []
         self.close_code: int | None = None
-        self._transport: asyncio.Transport | None = None
-        self._stamps: StampedTransport | None = None
+        self._transport = None
+        self._stamps = None
         self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._parser: FrameParser | None = None
@@ -135,12 +137,7 @@ class LeanSession(asyncio.Protocol):
     def closed(self) -> bool:
         return self._closed
 
-    # -- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self._transport = cast(asyncio.Transport, transport)
-        self._stamps = transport if isinstance(transport, StampedTransport) else None
-
+    # -- asyncio.Protocol (connection_made, connection_lost: bench/lean_peer.py) -------------
     def data_received(self, data: bytes) -> None:
         if self._parser is None:
             self._handshake(data)
@@ -166,12 +163,9 @@ class LeanSession(asyncio.Protocol):
                 self._abort()  # the server closes TCP first (RFC 6455 §7.1.1)
                 return
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._set_closed()
-
     def _on_binary(self, payload: bytes, now: float) -> None:
-        """A session audio frame (seed 004 "Audio"): arrival, track id byte, loud or not."""
+        """A session audio frame (docs/protocol-session-v1.md): arrival, track id byte, loud or
+        not."""
         self.audio_times.append(now)
         self.audio_loop_times.append(self._loop_now)
         self.audio_tracks.append(payload[0] if payload else 0)
@@ -260,7 +254,8 @@ class LeanSession(asyncio.Protocol):
         self._send_frame(OP_BINARY, data)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Close the socket (seed 004: an app closing its socket hangs up the call)."""
+        """Close the socket (docs/protocol-session-v1.md: an app closing its socket hangs up the
+        call)."""
         self._send_close(code, reason)
         self._abort()
 
@@ -274,15 +269,6 @@ class LeanSession(asyncio.Protocol):
         if not self._close_sent:
             self._close_sent = True
             self._write(encode_frame(OP_CLOSE, close_payload(code, reason)))
-
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
-    def _abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-        self._set_closed()
 
     def _set_closed(self) -> None:
         if self._closed:

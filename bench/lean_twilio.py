@@ -1,8 +1,8 @@
-"""The benchmark's lean Twilio callers: the caller's leg of reference/twilio.md at low cost.
+"""The benchmark's lean Twilio callers: the caller's leg of docs/protocol-twilio.md, lean.
 
-They play the part of :class:`appbridge.testing.fake_twilio.FakeTwilioCall` with
-``continuous_media=True`` in the load generator (bench/README.md, "Lean peers") and put the same
-traffic on the wire:
+They are the load generator's Twilio callers (bench/README.md, "Lean peers") and put the
+traffic of :class:`appbridge.testing.fake_twilio.FakeTwilioCall` with ``continuous_media=True``
+on the wire:
 
 * the voice webhook: a form POST to ``/twilio/voice`` with Twilio's fields, signed with
   ``X-Twilio-Signature`` (:func:`appbridge.testing.fake_twilio.twilio_signature`); the TwiML
@@ -13,14 +13,14 @@ traffic on the wire:
   caller is not talking), ``mark`` echoes once the audio queued before a mark has played, every
   pending mark at once on ``clear``, and ``stop`` then a close at hang-up.
 
-The saving (about half the classic peers' CPU per call): one :class:`TwilioTicker` for every
-caller of a worker instead of two tasks per call, spread over ``slots`` phases of the 20 ms
-period so the gateway still sees the callers' frames spread in time; each media message is one
-f-string around a base64 payload encoded once per distinct frame (the caller's audio is
-periodic); frames are written straight to the transport (:mod:`bench.ws_lean`); what the
-gateway sends is parsed with msgspec into a typed struct and only arrival times and byte
-counts are recorded, in flat arrays. Playout is simulated at 8000 samples/s, one 20 ms frame
-per tick, as the fake does.
+The saving (about half of the project's test peers' CPU per call): one :class:`TwilioTicker` for
+every caller of a worker instead of two tasks per call, spread over ``slots`` phases of the
+20 ms period so the gateway still sees the callers' frames spread in time; each media message is
+one f-string around a base64 payload encoded once per distinct frame (the caller's audio is
+periodic); frames are written straight to the transport (:mod:`bench.ws_lean`); what the gateway
+sends is parsed with msgspec into a typed struct and only arrival times and byte counts are
+recorded, in flat arrays. Playout is simulated at 8000 samples/s, one 20 ms frame per tick, as
+the fake does.
 
 Receive stamps (bench/README.md, "Receive stamps"): the stream runs on a
 :mod:`bench.stamped` transport, so a ``media``, ``mark`` or ``clear`` arrives at the instant
@@ -54,7 +54,8 @@ from appbridge.testing.fake_twilio import (
     twilio_signature,
     voice_webhook_form,
 )
-from bench.stamped import StampedTransport, open_connection, read_times
+from bench.lean_peer import LeanPeer
+from bench.stamped import open_connection, read_times
 from bench.ticker import PhasedTicker
 from bench.ws_lean import (
     OP_CLOSE,
@@ -90,7 +91,8 @@ class _Mark(msgspec.Struct):
 
 
 class _Inbound(msgspec.Struct):
-    """A message from the gateway (reference/twilio.md, "app → Twilio"); unknown fields ignored."""
+    """A message from the gateway (docs/protocol-twilio.md, "The messages"); unknown fields
+    ignored."""
 
     event: str | None = None
     streamSid: str | None = None
@@ -139,7 +141,7 @@ class MediaPayloads:
         return out
 
 
-class LeanTwilioCall(asyncio.Protocol):
+class LeanTwilioCall(LeanPeer):
     """One caller's Media Stream (module doc); duck-types the views :mod:`bench.analysis` reads."""
 
     def __init__(self, twilio: LeanTwilio, call_sid: str, from_: str, to: str) -> None:
@@ -186,8 +188,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self._playout_bytes = 0
         self._pending_marks: list[list[object]] = []  # [name, bytes still ahead of it]
         # Socket.
-        self._transport: asyncio.Transport | None = None
-        self._stamps: StampedTransport | None = None
+        self._transport = None
+        self._stamps = None
         self._loop_now = 0.0  # the current read's loop-time stamp
         self._head = bytearray()
         self._key = ""
@@ -259,12 +261,7 @@ class LeanTwilioCall(asyncio.Protocol):
         self._send_sequenced("start", start)
         self.twilio.ticker.add(self)
 
-    # -- asyncio.Protocol -------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self._transport = cast(asyncio.Transport, transport)
-        self._stamps = transport if isinstance(transport, StampedTransport) else None
-
+    # -- asyncio.Protocol (connection_made, connection_lost: bench/lean_peer.py) -------------
     def data_received(self, data: bytes) -> None:
         if not self.has_stream and self._opened is not None and not self._opened.done():
             self._head += data
@@ -301,10 +298,6 @@ class LeanTwilioCall(asyncio.Protocol):
                 self._ending = True
             elif opcode != OP_PONG:
                 self.protocol_errors.append(f"binary frame of {len(payload)} bytes")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._set_closed()
 
     _ending = False
 
@@ -392,7 +385,8 @@ class LeanTwilioCall(asyncio.Protocol):
         self._last_ts_ms = ts_ms
         self._seq += 1
         self._chunk += 1
-        # Twilio's own field order (reference/twilio.md): event, sequenceNumber, media, streamSid.
+        # Twilio's own field order (docs/protocol-twilio.md): event, sequenceNumber, media,
+        # streamSid.
         text = (
             f'{{"event":"media","sequenceNumber":"{self._seq}","media":{{"track":"inbound",'
             f'"chunk":"{self._chunk}","timestamp":"{ts_ms}","payload":"{payload}{self._suffix}'
@@ -425,10 +419,6 @@ class LeanTwilioCall(asyncio.Protocol):
             {"event": event, "sequenceNumber": seq, event: body, "streamSid": self.stream_sid}
         )
 
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
     # -- ending -----------------------------------------------------------------------------
     async def hangup(self, timeout_s: float = 5.0) -> None:
         """The caller hangs up: ``stop``, a close (1000), and wait for the gateway's close."""
@@ -443,11 +433,6 @@ class LeanTwilioCall(asyncio.Protocol):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
         self._abort()
-
-    def _abort(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-        self._set_closed()
 
     def _set_closed(self) -> None:
         if self.closed:

@@ -8,7 +8,7 @@ Each step of the ramp gets a fresh gateway, run as its own process (``appbridge 
 to one core, and fresh load-generator workers (:mod:`bench.worker`) pinned to the others: they
 play Twilio (callers placing calls through ``POST /twilio/voice`` and the Media Stream, and the
 REST API) and the apps: fonoster ones, or with ``--dialect twilio`` Pipecat-style Twilio Media
-Streams ones (bench/pipecat_app.py), on the lean peers (``--peers``). Once every
+Streams ones (bench/pipecat_app.py), on the lean peers (bench/README.md). Once every
 call of the step is up the calls are held for ``--hold`` seconds; every figure of the table is
 measured over that window only; then the callers hang up and the gateway is stopped. This
 process only orchestrates and samples /proc and ``/metrics``. Method and figures:
@@ -52,17 +52,18 @@ from bench.report import (
     bound_cell,
     format_table,
     histogram_delta,
+    number_cell,
     paced_collections,
-    paced_collections_line,
     parse_histogram,
     parse_metric,
+    step_detail_lines,
 )
 from bench.speed import probe_core
 
 ACCOUNT_SID = "AC" + "be" * 16
 LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
 DROPPED_METRIC = "appbridge_audio_frames_dropped_total"
-#: The issue's bar: a load generator busier than this (per core) distorts what it measures.
+#: The validity bar: a load generator busier than this (per core) distorts what it measures.
 GENERATOR_CPU_LIMIT_PCT = 70.0
 #: Other processes using more than this share of the gateway's core make the step noisy.
 NOISY_PCT = 10.0
@@ -112,17 +113,6 @@ def dialect_line(args: argparse.Namespace) -> str:
         f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz), "
         f"speak {args.speak}"
     )
-
-
-def _cell(summary: dict[str, Any]) -> str:
-    """``p50/p99/max`` of a :meth:`Summary.as_dict`, or ``-``."""
-    if not summary.get("count"):
-        return "-"
-    return "/".join(f"{summary[k]:.1f}" for k in ("p50", "p99", "max"))
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 # ---------------------------------------------------------------------- workers
@@ -195,15 +185,29 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
-def bench_env() -> dict[str, str]:
-    """The environment of the workers and the gateway: fresh secrets for every run."""
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the workers and the gateway: fresh secrets for every run, and what
+    the workers read (bench/worker.py ``DIALECT_ENV``, ``SPEAK_ENV``)."""
     env = dict(os.environ)
     env.update(
         BENCH_TWILIO_TOKEN=secrets.token_hex(16),
         BENCH_APP_SECRET=secrets.token_hex(16),
         BENCH_ACCOUNT_SID=ACCOUNT_SID,
+        BENCH_DIALECT=args.dialect,
+        BENCH_SPEAK=args.speak,
     )
     return env
+
+
+async def stop_all(workers: list[WorkerProc], gateway: GatewayProcess | None) -> None:
+    """Stop the workers, then the gateway (SIGINT, SIGKILL if it lingers); each step and the
+    soak end this way whether they measured or failed."""
+    await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+    if gateway is not None:
+        try:
+            await gateway.stop()
+        finally:
+            gateway.kill_now()
 
 
 async def start_gateway(
@@ -242,10 +246,7 @@ async def start_gateway(
 async def run_step(
     calls: int, args: argparse.Namespace, out_dir: Path
 ) -> tuple[dict[str, Any], list[str]]:
-    env = bench_env()
-    env["BENCH_PEERS"] = getattr(args, "peers", "lean")  # bench/worker.py PEERS_ENV
-    env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
-    env["BENCH_SPEAK"] = args.speak  # bench/worker.py SPEAK_ENV
+    env = worker_env(args)
     load_cpus = args.load_cpus or [None]
     workers = [
         WorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"worker-{calls}-{k}.log")
@@ -258,12 +259,7 @@ async def run_step(
         gateway, spec = await start_gateway(args, calls, workers, env, out_dir, f"gateway-{calls}")
         data, row = await _measure(calls, args, gateway, spec, workers)
     finally:
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
-        if gateway is not None:
-            try:
-                await gateway.stop()
-            finally:
-                gateway.kill_now()
+        await stop_all(workers, gateway)
     # How fast the gateway's core ran around the step (bench/speed.py): this VM's speed moves.
     data["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
     return data, row
@@ -430,94 +426,47 @@ async def _measure(
     row = [
         str(calls),
         str(held),
-        _fmt(gw_cpu_pct),
-        _fmt(gw_cpu_pct / held, 3) if held else "-",
-        _fmt(rss_end / 2**20),
-        _fmt(rss_added / 1024 / held, 0) if held else "-",
+        number_cell(gw_cpu_pct),
+        number_cell(gw_cpu_pct / held, 3) if held else "-",
+        number_cell(rss_end / 2**20),
+        number_cell(rss_added / 1024 / held, 0) if held else "-",
         tick,
         summaries["caller_jitter_ms"].cell(),
         summaries["clear_to_silence_ms"].cell(),
         summaries["inbound_latency_ms"].cell(),
         f"{figures.frames_lost}/{figures.frames_expected}" if figures.frames_expected else "-",
-        "+".join(_fmt(p, 0) for p in gen_pct),
-        _fmt(noise, 0),
+        "+".join(number_cell(p, 0) for p in gen_pct),
+        number_cell(noise, 0),
         ("yes" if valid else "INVALID") + ("/shared" if shared else ""),
     ]
     return data, row
 
 
-def receive_stamps_line(step: dict[str, Any], peers: str) -> str:
-    """The step's detail line on receive stamps: the table's figures use the kernel's arrival
-    stamps (bench/stamped.py); the same figures from the generator loop's read instants show
-    how much of the old figure was the generator's own lag (bench/README.md)."""
-    line = (
-        "receive stamps: kernel (table) vs generator loop, p50/p99/max ms: inbound "
-        f"{_cell(step['inbound_latency_ms'])} vs {_cell(step['inbound_latency_loop_ms'])}; "
-        f"caller jitter {_cell(step['caller_jitter_ms'])} vs "
-        f"{_cell(step['caller_jitter_loop_ms'])}"
-    )
-    if peers == "classic":
-        line += " (classic peers and their SIP callers stamp with the loop; a Twilio app does not)"
-    return line
-
-
-def print_step_details(data: dict[str, Any], args: argparse.Namespace, log_path: Path) -> None:
-    """The lines under a step's row: what the table's cells summarise."""
-    print(
-        f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
-        f"bursts with no audio at all {data['bursts_silent']} (in "
-        f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
-        f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
-        f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
-        f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}",
-        flush=True,
-    )
-    dropped = data.get("gateway_dropped_frames") or {}
-    if any(dropped.values()):
-        print(
-            f"  frames the gateway dropped because a peer read too slowly: to apps "
-            f"{dropped.get('app', 0):.0f}, to carriers {dropped.get('carrier', 0):.0f}",
-            flush=True,
-        )
-    if "gc" in data:
-        print(f"  {paced_collections_line(data['gc'])}", flush=True)
-    for lost in data.get("lost_bursts", [])[:5]:
-        print(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}", flush=True)
-    print(
-        "  gateway CPU user/system: "
-        + "/".join(_fmt(v, 1) for v in data["gateway_user_sys_pct"])
-        + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
-        + "/".join(_fmt(v, 1) for v in data["core_probe_ms"])
-        + " ms",
-        flush=True,
-    )
-    print(
-        "  by carrier (p50/p99/max ms): "
-        + "; ".join(
-            f"{carrier}: clear→silence {_cell(part['clear_to_silence_ms'])}, inbound "
-            f"{_cell(part['inbound_latency_ms'])}, jitter {_cell(part['caller_jitter_ms'])}, "
-            f"frames lost {part['frames_lost']}/{part['frames_expected']}"
-            for carrier, part in data["by_carrier"].items()
-        ),
-        flush=True,
-    )
-    print(f"  {receive_stamps_line(data, args.peers)}", flush=True)
+def print_step_details(data: dict[str, Any], log_path: Path) -> None:
+    """The lines under a step's row (:func:`bench.report.step_detail_lines`)."""
+    for line in step_detail_lines(data):
+        print(line, flush=True)
     if data["held"] == 0:
         print(f"bench: no call was answered; see {log_path}", flush=True)
 
 
 # ---------------------------------------------------------------------- the run
-async def run(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    report: dict[str, Any] = {
+def report_head(args: argparse.Namespace) -> dict[str, Any]:
+    """What every results JSON (a ramp's, a soak's) starts with: when, which code (the commit
+    and a hash of the uncommitted diff), which machine, which options."""
+    return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": _git_commit(),
         "uncommitted": _tree_diff(),
         "machine": _machine(),
         "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
-        "steps": [],
     }
+
+
+async def run(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    report: dict[str, Any] = {**report_head(args), "steps": []}
     machine = report["machine"]
     print(
         f"bench: commit {report['commit']}, {machine['cpu_model']} x {machine['cpus']}; gateway "
@@ -541,7 +490,7 @@ async def run(args: argparse.Namespace) -> int:
         report["steps"].append(data)
         rows.append(row)
         print(format_table(HEADERS, [row]), flush=True)
-        print_step_details(data, args, out_dir / f"gateway-{calls}.log")
+        print_step_details(data, out_dir / f"gateway-{calls}.log")
         if args.until_break and bar_failures(data) and calls != args.calls[-1]:
             print(f"bench: {calls} calls missed a bar; the ramp stops here", flush=True)
             break

@@ -2,20 +2,22 @@
 
 Every time here is ``time.monotonic()`` seconds taken inside the load generator's process, so
 the caller (fake Twilio) and the app (fake fonoster app) share one clock and can be subtracted.
-The quantities (DESIGN.md, "Measure it"):
+The quantities (docs/PERFORMANCE.md, "Method"):
 
 * **caller jitter**: how far each gap between consecutive ``media`` messages arriving at the
-  caller strays from 20 ms (reference/twilio.md: Twilio plays 20 ms per message). The gateway
+  caller strays from 20 ms (docs/protocol-twilio.md: Twilio plays 20 ms per message). The gateway
   sends nothing while its output queue is empty, so only gaps inside a run of audio count; the
   first messages of a run are the pacer's lead (appbridge/media/pacing.py sends them at once) and
   are skipped.
 * **inbound added latency**: caller ``media`` sent → the app's binary frame received. Frames
-  are paired by order (the gateway forwards every caller frame, in order, to the app, seed 004
-  "Audio"), which holds only when none was dropped; a call whose counts disagree is left out.
+  are paired by order (the gateway forwards every caller frame, in order, to the app,
+  docs/protocol-session-v1.md), which holds only when none was dropped; a call whose counts
+  disagree is left out.
 * **frames lost during bursts**: audio the caller should have heard in a burst (what the app
   sent, or what ``output.done`` says was played) against the audio that reached it.
 * **clear-to-silence**: from the app sending ``clear`` to the caller's playout going silent
-  (seed 004 "clear": within 40 ms), read with ``FakeTwilioCall.silence_after``.
+  (docs/protocol-session-v1.md, "clear": within 40 ms), read with
+  ``LeanTwilioCall.silence_after``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ __all__ = [
     "playing_at",
 ]
 
-#: One µ-law 8 kHz frame of 20 ms (reference/twilio.md, "Media Stream messages").
+#: One µ-law 8 kHz frame of 20 ms (docs/protocol-twilio.md, "The messages").
 FRAME_S = 0.020
 FRAME_BYTES = 160
 #: A gap longer than this ends a run of gateway audio (bursts are seconds apart).
@@ -185,7 +187,8 @@ def audio_frames_between(media: Sequence[tuple[float, int]], start: float, end: 
 def playing_at(heard: Sequence[tuple[float, bytes, int]], t: float) -> bool:
     """Whether the caller's playout was playing gateway audio at instant ``t``.
 
-    ``heard`` is ``FakeTwilioCall.heard_frames()``: (tick start, frame, audio bytes in it).
+    ``heard`` is a caller's ``heard_frames()`` (bench/lean_twilio.py, bench/sip_caller.py):
+    (tick start, frame, audio bytes in it).
     """
     for start, _frame, n in heard:
         if start <= t < start + FRAME_S:

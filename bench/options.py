@@ -88,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--sip-share",
         type=float,
         default=0.5,
-        help="share of the calls placed over SIP/RTP instead of Twilio (issue 7's mix: 0.5; "
+        help="share of the calls placed over SIP/RTP instead of Twilio (the mix: 0.5; "
         "0 for the Twilio dialect alone)",
     )
     parser.add_argument(
         "--dialect",
         choices=("fonoster", "twilio"),
         default="fonoster",
-        help="the apps' protocol: fonoster (issue 7's mix) or twilio (the Twilio dialect alone: "
+        help="the apps' protocol: fonoster (the mix) or twilio (the Twilio dialect alone: "
         "every call Twilio-ingress, so --sip-share 0, against Pipecat-style Media Streams apps "
         "sending at 2x real time; bench/pipecat_app.py)",
     )
@@ -106,14 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CAP",
         help="admission control: the gateway's server.max_calls is CAP and 150 %% of it is "
         "offered in one step; the refused calls are counted, the live ones must keep the bars",
-    )
-    parser.add_argument(
-        "--peers",
-        choices=("lean", "classic"),
-        default="lean",
-        help="the generator's peers: lean (bench/lean_twilio.py, bench/lean_app.py: same wire, "
-        "about half the CPU) or classic (appbridge/testing's FakeTwilio and FakeApp; kept for one "
-        "release to compare); with --dialect twilio the app is always the lean one",
     )
     parser.add_argument(
         "--speak",

@@ -1,10 +1,10 @@
 """The benchmark's Twilio-dialect app: a Pipecat-style Media Streams app at low cost.
 
-Issue 7 asks for "the Twilio dialect alone (Pipecat-style apps sending at 2x real time)". With
-``--dialect twilio`` the gateway's apps are ``protocol = "twilio"`` apps (INTERFACES §4) and
-this module plays them (bench/README.md, "The Twilio dialect"):
+The Twilio dialect is measured alone, against Pipecat-style apps sending at 2x real time. With
+``--dialect twilio`` the gateway's apps are ``protocol = "twilio"`` apps
+(docs/protocol-twilio.md) and this module plays them (bench/README.md, "The Twilio dialect"):
 
-* **The wire** (seed 004, "Twilio protocol"; reference/twilio.md). The gateway plays Twilio:
+* **The wire** (docs/protocol-twilio.md). The gateway plays Twilio:
   ``connected``, then ``start`` (``streamSid`` = sessionRef, ``callSid`` = callRef,
   ``accountSid`` = the app's ``workspace_ref``, µ-law 8 kHz, track inbound), then ``media``
   (base64 µ-law of the caller, ``track`` inbound), ``dtmf``, ``mark`` echoes and ``stop``, all
@@ -69,7 +69,8 @@ INBOUND_TRACK_ID = 1  # what bench.analysis reads as the caller's track
 
 @dataclass(frozen=True)
 class PipecatPlan:
-    """The app's script (issue 7: a 2 s burst every 5 s, a clear 300 ms into every other)."""
+    """The app's script (bench/README.md): a 2 s burst every 5 s, a clear 300 ms into every
+    other."""
 
     period_s: float = 5.0
     burst_chunks: int = 100  # 2 s of 20 ms chunks
@@ -212,7 +213,7 @@ class TwilioAppSession(LeanSession):
 
     def check_message(self, raw: bytes) -> str | None:
         """The event of a well-formed gateway message in its place, else None (the problem
-        goes to ``protocol_errors``). reference/twilio.md, "Twilio → app"."""
+        goes to ``protocol_errors``). docs/protocol-twilio.md, "The messages"."""
         errors = self.protocol_errors
         try:
             msg = _decode(raw)

@@ -1,16 +1,18 @@
 """Pure helpers of the benchmark: statistics, /proc and /metrics readers, the printed table.
 
 Nothing here does I/O or reads a clock, so each piece is unit-tested on fixed text and numbers
-(tests/unit/test_bench_report.py). The load generator (:mod:`bench.load`) feeds it what it
+(tests/unit/test_bench.py). The load generator (:mod:`bench.load`) feeds it what it
 sampled: the text of ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (proc(5)), the Prometheus
 exposition of ``GET /metrics`` (text format 0.0.4) and the timelines recorded by the fake peers.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CpuTimes",
@@ -18,6 +20,7 @@ __all__ = [
     "Summary",
     "format_table",
     "histogram_delta",
+    "number_cell",
     "paced_collections",
     "paced_collections_line",
     "parse_cpu_times",
@@ -26,7 +29,10 @@ __all__ = [
     "parse_proc_stat_ticks",
     "parse_vmrss_bytes",
     "percentile",
+    "receive_stamps_line",
+    "step_detail_lines",
     "summarize",
+    "summary_cell",
 ]
 
 
@@ -292,3 +298,70 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+# ---------------------------------------------------------------------- the lines under a row
+def number_cell(value: float | None, digits: int = 1) -> str:
+    """A table cell of one number, or ``-``."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summary_cell(summary: dict[str, Any]) -> str:
+    """``p50/p99/max`` of a :meth:`Summary.as_dict`, or ``-``."""
+    if not summary.get("count"):
+        return "-"
+    return "/".join(f"{summary[k]:.1f}" for k in ("p50", "p99", "max"))
+
+
+def receive_stamps_line(step: dict[str, Any]) -> str:
+    """The step's detail line on receive stamps: the table's figures use the kernel's arrival
+    stamps (bench/stamped.py); the same figures from the generator loop's read instants show
+    how much of the old figure was the generator's own lag (bench/README.md)."""
+    return (
+        "receive stamps: kernel (table) vs generator loop, p50/p99/max ms: inbound "
+        f"{summary_cell(step['inbound_latency_ms'])} vs "
+        f"{summary_cell(step['inbound_latency_loop_ms'])}; "
+        f"caller jitter {summary_cell(step['caller_jitter_ms'])} vs "
+        f"{summary_cell(step['caller_jitter_loop_ms'])}"
+    )
+
+
+def step_detail_lines(data: dict[str, Any]) -> list[str]:
+    """The lines under a step's row, from its JSON: what the table's cells summarise."""
+    lines = [
+        f"  clears passed on to the caller {data['clears_at_caller']}/{data['clears_sent']}; "
+        f"bursts with no audio at all {data['bursts_silent']} (in "
+        f"{data['calls_with_silent_bursts']} calls); frames lost by kind "
+        f"{data['lost_by_kind']} of {data['expected_by_kind']}; marks echoed "
+        f"{data['marks_echoed']}/{data['marks_sent']} (repeated {data['marks_duplicated']}); "
+        f"app errors {data['gateway_errors'] or 'none'}; core use {data['cores']}"
+    ]
+    dropped = data.get("gateway_dropped_frames") or {}
+    if any(dropped.values()):
+        lines.append(
+            f"  frames the gateway dropped because a peer read too slowly: to apps "
+            f"{dropped.get('app', 0):.0f}, to carriers {dropped.get('carrier', 0):.0f}"
+        )
+    if "gc" in data:
+        lines.append(f"  {paced_collections_line(data['gc'])}")
+    for lost in data.get("lost_bursts", [])[:5]:
+        lines.append(f"  lost frames in: {json.dumps(lost, separators=(',', ':'))}")
+    lines.append(
+        "  gateway CPU user/system: "
+        + "/".join(number_cell(v, 1) for v in data["gateway_user_sys_pct"])
+        + " %; core speed probe before/after the step (bench/speed.py; lower is faster): "
+        + "/".join(number_cell(v, 1) for v in data["core_probe_ms"])
+        + " ms"
+    )
+    lines.append(
+        "  by carrier (p50/p99/max ms): "
+        + "; ".join(
+            f"{carrier}: clear→silence {summary_cell(part['clear_to_silence_ms'])}, inbound "
+            f"{summary_cell(part['inbound_latency_ms'])}, "
+            f"jitter {summary_cell(part['caller_jitter_ms'])}, "
+            f"frames lost {part['frames_lost']}/{part['frames_expected']}"
+            for carrier, part in data["by_carrier"].items()
+        )
+    )
+    lines.append(f"  {receive_stamps_line(data)}")
+    return lines

@@ -1,7 +1,7 @@
 """The benchmark's SIP/RTP callers, on the gateway's own sans-I/O SIP cores.
 
-Issue 7's mix is half SIP/RTP calls, half Twilio-ingress calls. A :class:`SipCaller` is what
-:class:`~appbridge.testing.fake_twilio.FakeTwilioCall` is for the Twilio half: it places one
+The mix is half SIP/RTP calls, half Twilio-ingress calls. A :class:`SipCaller` is what
+:class:`bench.lean_twilio.LeanTwilioCall` is for the Twilio half: it places one
 call (INVITE with a PCMU offer, RFC 3261 §13.2 and RFC 3264 §5; ACK of the 2xx, §13.2.2.4),
 sends the caller's voice as RTP every 20 ms (RFC 3550, RFC 3551 PCMU), records what the gateway
 sends back, and ends with BYE (§15.1.1), or answers the gateway's BYE (the app hung up).
@@ -20,18 +20,17 @@ Lean by design, since the generator must stay below 70 % of its core (bench/READ
   :mod:`appbridge.carriers.sip.message`, SDP with :mod:`appbridge.carriers.sip.sdp`, RTP with
   :class:`appbridge.carriers.sip.rtp.RtpSender`.
 
-What the gateway sends on RTP is continuous (silence when nothing plays, INTERFACES §6), so a
+What the gateway sends on RTP is continuous (silence when nothing plays, docs/sip.md), so a
 packet is *audio* when its payload is not the codec's silence; :meth:`SipCaller.heard_frames`,
 :meth:`~SipCaller.silence_after` and :attr:`~SipCaller.clear_times` give :mod:`bench.analysis`
-the same views as the Twilio fake: clear-to-silence is the first silent packet at or after the
+the same views as the Twilio caller: clear-to-silence is the first silent packet at or after the
 ``clear``. A spoken burst whose eSpeak audio holds a whole frame of digital silence would count
 that frame as lost; the tone bursts cannot.
 
 Receive stamps (bench/README.md, "Receive stamps"): each call's RTP socket is a
 :mod:`bench.stamped` datagram transport, so a packet's arrival (``recv_times``) is the instant
 the kernel queued it, i.e. when the gateway sent it, exact per packet; the loop's instant is
-kept beside it (``recv_loop_times``). ``kernel_stamps=False`` (the worker's ``--peers classic``)
-records the loop's instant in ``recv_times`` as before.
+kept beside it (``recv_loop_times``).
 """
 
 from __future__ import annotations
@@ -98,20 +97,15 @@ class _RtpIn(asyncio.DatagramProtocol):
         if stamps is None:
             now = time.monotonic()
             self.call.on_rtp(data, now, now)
-        elif self.call.kernel_stamps:
-            self.call.on_rtp(data, stamps.rx_time, stamps.rx_loop_time)
         else:
-            self.call.on_rtp(data, stamps.rx_loop_time, stamps.rx_loop_time)
+            self.call.on_rtp(data, stamps.rx_time, stamps.rx_loop_time)
 
 
 class SipCaller:
     """One SIP call of the benchmark (module doc); duck-types what :mod:`bench.analysis` reads."""
 
-    def __init__(
-        self, endpoint: SipEndpoint, caller: str, callee: str, *, kernel_stamps: bool = True
-    ) -> None:
+    def __init__(self, endpoint: SipEndpoint, caller: str, callee: str) -> None:
         self.endpoint = endpoint
-        self.kernel_stamps = kernel_stamps
         self.caller = caller
         self.callee = callee
         self.call_id = new_call_id(HOST)
@@ -139,7 +133,7 @@ class SipCaller:
         self._invite: Request | None = None
         self.done = asyncio.get_running_loop().create_future()
 
-    # -- what bench.analysis reads (the FakeTwilioCall views) ------------------------------
+    # -- what bench.analysis reads (the lean Twilio caller's views) -----------------------
     @property
     def call_sid(self) -> str:
         """The key of this call's app script (the app sees it as ``from``)."""

@@ -1,14 +1,14 @@
 """``--soak SECONDS``: N calls kept up for minutes; do memory, fds, threads and tasks stay flat?
 
-Issue 7: "A soak of 10 minutes at 80 % of capacity. Memory, file descriptors and task counts
-must stay flat; report the slope." One gateway process (pinned as in :mod:`bench.load`) carries
-``--calls`` calls (120 by default) from :mod:`bench.soak_worker` processes (the lean peers, as
-the ramp, unless ``--peers classic``; ``--dialect`` as the ramp); each call lives 60-120 s
-and is then replaced, so set-up and tear-down run all along. Every ``SAMPLE_PERIOD_S`` the
-orchestrator reads the gateway's ``VmRSS`` and ``Threads`` (``/proc/<pid>/status``), its open
-file descriptors (entries of ``/proc/<pid>/fd``) and, from ``/metrics``, ``appbridge_calls_live``
-and ``appbridge_asyncio_tasks``. Per metric it reports the least-squares slope per minute, the
-first and last values, and a verdict (:func:`assess`):
+The question: over a 10-minute soak at 80 % of capacity, do memory, file descriptors and task
+counts stay flat, and what is their slope? One gateway process (pinned as in :mod:`bench.load`)
+carries ``--calls`` calls (120 by default) from :mod:`bench.soak_worker` processes (the lean
+peers and ``--dialect`` as the ramp); each call lives 60-120 s and is then replaced, so set-up
+and tear-down run all along. Every ``SAMPLE_PERIOD_S`` the orchestrator reads the gateway's
+``VmRSS`` and ``Threads`` (``/proc/<pid>/status``), its open file descriptors (entries of
+``/proc/<pid>/fd``) and, from ``/metrics``, ``appbridge_calls_live`` and
+``appbridge_asyncio_tasks``. Per metric it reports the least-squares slope per minute, the first
+and last values, and a verdict (:func:`assess`):
 
 * **memory** is flat when, after the warm-up (``--warmup``, :data:`WARMUP_S` by default:
   allocator pools, caches, first calls), the fitted growth over 10 minutes is below 1 % of the
@@ -51,11 +51,13 @@ from bench.load import (
     LATENESS_METRIC,
     WorkerProc,
     _split,
-    bench_env,
     dialect_line,
+    report_head,
     start_gateway,
+    stop_all,
+    worker_env,
 )
-from bench.machine import _core_shares, _cpu_times, _git_commit, _machine, _tree_diff
+from bench.machine import _core_shares, _cpu_times
 from bench.report import (
     Summary,
     bound_cell,
@@ -66,13 +68,14 @@ from bench.report import (
     parse_histogram,
     parse_metric,
 )
+from bench.soak_worker import SAMPLE_FIELDS
 from bench.speed import probe_core
 
 __all__ = ["SAMPLE_PERIOD_S", "WARMUP_S", "Trend", "assess", "least_squares_slope", "run_soak"]
 
 SAMPLE_PERIOD_S = 10.0
 WARMUP_S = 60.0
-#: How far the fit is projected for the verdict (issue 7's soak length).
+#: How far the fit is projected for the verdict (the soak's length, bench/README.md).
 HORIZON_S = 600.0
 MEMORY_TOLERANCE_FRAC = 0.01
 COUNT_TOLERANCE_FRAC = 0.05
@@ -226,11 +229,7 @@ async def run_soak(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     report: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _git_commit(),
-        "uncommitted": _tree_diff(),
-        "machine": _machine(),
-        "args": {k: v for k, v in vars(args).items() if k != "shim_dir"},
+        **report_head(args),
         "rules": {
             "warmup_s": args.warmup,
             "sample_period_s": SAMPLE_PERIOD_S,
@@ -245,14 +244,11 @@ async def run_soak(args: argparse.Namespace) -> int:
     print(
         f"soak: commit {report['commit']}; {calls} calls for {args.soak:g} s, each living "
         f"{args.lifetime[0]:g}-{args.lifetime[1]:g} s; gateway ({args.gateway_loop}) on CPU "
-        f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}, {args.peers} peers; "
+        f"{args.gateway_cpu}, {args.workers} worker(s) on {args.load_cpus}; "
         f"{dialect_line(args)}",
         flush=True,
     )
-    env = bench_env()
-    env["BENCH_PEERS"] = args.peers  # bench/worker.py PEERS_ENV: lean unless --peers classic
-    env["BENCH_DIALECT"] = args.dialect  # bench/worker.py DIALECT_ENV
-    env["BENCH_SPEAK"] = args.speak  # bench/worker.py SPEAK_ENV
+    env = worker_env(args)
     load_cpus = args.load_cpus or [None]
     workers: list[WorkerProc] = [
         SoakWorkerProc(k, load_cpus[k % len(load_cpus)], env, out_dir / f"soak-worker-{k}.log")
@@ -270,12 +266,7 @@ async def run_soak(args: argparse.Namespace) -> int:
         report["error"] = f"{type(exc).__name__}: {exc}"
         print(f"soak: failed: {report['error']}", flush=True)
     finally:
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
-        if gateway is not None:
-            try:
-                await gateway.stop()
-            finally:
-                gateway.kill_now()
+        await stop_all(workers, gateway)
     # How fast the gateway's core ran around the soak (bench/speed.py): this VM's speed moves.
     report["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
     print(
@@ -407,16 +398,7 @@ def _summarise(
         parse_histogram(metrics[0], LATENESS_METRIC), parse_histogram(metrics[1], LATENESS_METRIC)
     )
     figs = [f["figures"] for f in finishes]
-    caller = {
-        name: _worst([f[name + "_summary"] for f in figs])
-        for name in (
-            "jitter_ms",
-            "clear_to_silence_ms",
-            "inbound_latency_ms",
-            "jitter_loop_ms",
-            "inbound_latency_loop_ms",
-        )
-    }
+    caller = {name: _worst([f[name + "_summary"] for f in figs]) for name in SAMPLE_FIELDS}
 
     def total(key: str) -> int:
         return sum(int(f[key]) for f in figs)
@@ -470,7 +452,6 @@ def _summarise(
         "caller_protocol_errors": total("caller_protocol_errors"),
         "dialect": args.dialect,
         "speak": args.speak,
-        "peers": args.peers,
         "workers": [{k: v for k, v in f.items() if k != "figures"} for f in finishes],
     }
     rows = [

@@ -13,10 +13,10 @@ Started by :mod:`bench.soak` as ``python -m bench.soak_worker INDEX`` and driven
 ``stop``         stop the fakes and exit
 ===============  ==============================================================================
 
-Issue 7 asks that the soak "also exercise call set-up and tear-down": half of the calls end with
-the caller hanging up (Twilio ``stop``), the other half with the app sending ``hangup`` (seed 004,
-"Commands": ``session.end`` with ``app_hangup``), or, in the Twilio dialect, closing its socket
-(seed 004, "Twilio protocol"). Each call is measured over its own life, from
+The soak exercises call set-up and tear-down too: half of the calls end with the caller hanging
+up (Twilio ``stop``), the other half with the app sending ``hangup`` (docs/protocol-session-v1.md:
+``session.end`` with ``app_hangup``), or, in the Twilio dialect, closing its socket
+(docs/protocol-twilio.md). Each call is measured over its own life, from
 2 s after its session started to the moment it was ended, with :func:`bench.analysis.analyse_calls`,
 and its recordings are then dropped: a 10-minute soak would otherwise keep every message of some
 thousand calls. Only the measured samples are kept, in flat ``array('d')`` buffers.
@@ -66,8 +66,8 @@ FREEZE_PERIOD_S = 1.0
 
 
 class SoakWorker(Worker):
-    """A :class:`bench.worker.Worker` whose calls churn instead of being held once; the lean
-    peers by default, as the ramp (``--peers classic`` for the project's test peers)."""
+    """A :class:`bench.worker.Worker` whose calls churn instead of being held once, on the lean
+    peers as the ramp."""
 
     def __init__(self, index: int, **kw: str) -> None:
         super().__init__(index, **kw)
@@ -155,13 +155,11 @@ class SoakWorker(Worker):
         """Keep the collector's full passes short (the churn stall, docs/PERFORMANCE.md).
 
         Every call keeps all its messages until it ends (for :func:`analyse_calls`), so the
-        oldest generation grows to millions of tracked objects, and each automatic full pass
-        walked all of them: 50 ms after 10 s of churn, 470 ms after 60 s, seconds in a
-        10-minute soak, every 3-6 s, on the loop that paces the callers' frames. Those passes
-        found next to nothing (0-180 objects). ``gc.freeze()`` every second moves what is alive
-        into the permanent generation, which no pass walks; what is dropped later is still
-        freed by reference counting, and the rare cycles among frozen objects stay until the
-        worker exits (the worker's own RSS is reported by ``window_end``).
+        oldest generation grows large, and each automatic full pass walks all of it on the loop
+        that paces the callers' frames, to find next to nothing. ``gc.freeze()`` every second
+        moves what is alive into the permanent generation, which no pass walks; what is dropped
+        later is still freed by reference counting, and the rare cycles among frozen objects
+        stay until the worker exits (the worker's own RSS is reported by ``window_end``).
         """
         while self.churning:
             gc.freeze()
@@ -226,7 +224,7 @@ class SoakWorker(Worker):
                 self.app_hangups += 1
                 with contextlib.suppress(Exception):
                     if isinstance(session, TwilioAppSession):
-                        await session.close()  # seed 004 "Twilio protocol": close to hang up
+                        await session.close()  # docs/protocol-twilio.md: close to hang up
                     else:
                         await session.send({"type": "hangup"})
             else:
@@ -262,9 +260,9 @@ class SoakWorker(Worker):
         """Drop a finished call's recordings (the fakes keep every message otherwise)."""
         self.talker.scripts.pop(call_sid, None)
         with contextlib.suppress(ValueError):
-            self.app.sessions.remove(script.session)  # type: ignore[arg-type]
-        if self.lean is not None:
-            self.lean.calls = [c for c in self.lean.calls if c.call_sid != call_sid]
+            self.app.sessions.remove(script.session)
+        if self.twilio is not None:
+            self.twilio.calls = [c for c in self.twilio.calls if c.call_sid != call_sid]
 
 
 async def _serve(index: int) -> None:

@@ -1,9 +1,8 @@
 """How fast the gateway's core runs right now: a fixed piece of CPU-bound Python, timed.
 
 Why: this machine is a virtual machine whose host is shared, and the speed it gives a vCPU
-moves by far more than the changes the benchmark is meant to show: on 30 November 2026 the same
-200-call step of the mix took 59.6 % of the gateway's core at 23:46 UTC and 78-94 % from 23:50
-on, with the machine otherwise idle and no steal time reported. A figure is only comparable with
+moves by far more than the changes the benchmark is meant to show, with the machine otherwise
+idle and no steal time reported (docs/PERFORMANCE.md, "Method"). A figure is only comparable with
 another taken at the same speed, so every step now says what the speed was.
 
 What: a child process pinned to the core runs :data:`REFERENCE` (dict, tuple, bytes slicing and

@@ -1,6 +1,6 @@
 """Transports for the bench's lean peers that stamp each read with the kernel's arrival time.
 
-Why (issue 7; bench/README.md, "Receive stamps"): the figures measure the *gateway* (inbound
+Why (bench/README.md, "Receive stamps"): the figures measure the *gateway* (inbound
 added latency, caller jitter, clear-to-silence), but a peer that stamps a message with
 ``time.monotonic()`` when its event loop gets round to ``data_received`` adds the generator's
 own loop lag to every figure; at 150+ calls the generator is 30-40 % busy and that lag is most

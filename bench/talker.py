@@ -1,15 +1,16 @@
 """The benchmark's scripted peers: an app that talks back and callers that talk continuously.
 
-Both ride on the project's test peers (appbridge/testing): :class:`TalkingApp` is a ``handler``
-for :class:`~appbridge.testing.fake_app.FakeApp`, and :func:`drive_caller` feeds a
-:class:`~appbridge.testing.fake_twilio.FakeTwilioCall` opened with ``continuous_media=True``.
+:class:`TalkingApp` is a ``handler`` for the lean app (:class:`bench.lean_app.LeanApp`), and
+:func:`drive_caller` hands the caller's voice to a lean Twilio caller
+(:class:`bench.lean_twilio.LeanTwilioCall`) or a SIP one (:class:`bench.sip_caller.SipCaller`).
 
-The app's script (issue 2, item 9): every ``period_s`` (5 s) each session plays a burst of
-``burst_s`` (2 s), alternately a ``speak`` and its own binary audio, and queues a ``mark`` after
-it; every other burst is cut by a ``clear`` ``clear_after_s`` (300 ms) after it was sent. The
-cycle of four is (speak), (audio + clear), (audio), (speak + clear), so each kind is cleared
-half of the time. Sessions start their cycle at a random phase so bursts do not line up across
-calls. Each send is recorded with its ``time.monotonic()`` instant for :mod:`bench.measure`.
+The app's script (bench/README.md, "Traffic per call"): every ``period_s`` (5 s) each session
+plays a burst of ``burst_s`` (2 s), alternately a ``speak`` and its own binary audio, and queues
+a ``mark`` after it; every other burst is cut by a ``clear`` ``clear_after_s`` (300 ms) after it
+was sent. The cycle of four is (speak), (audio + clear), (audio), (speak + clear), so each kind
+is cleared half of the time. Sessions start their cycle at a random phase so bursts do not line
+up across calls. Each send is recorded with its ``time.monotonic()`` instant for
+:mod:`bench.measure`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appbridge.testing import audio as au
-from appbridge.testing.fake_app import FakeSession
-from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.lean_app import LeanSession
 from bench.lean_twilio import LeanTwilioCall
 from bench.sip_caller import SIP_CALLER_PREFIX, SipCaller
 
-#: The app side of a session: the project's fake or the lean peer (bench/lean_app.py).
-Session = FakeSession | LeanSession
+#: The app side of a session: the lean app's (bench/lean_app.py; the Twilio-dialect app's too).
+Session = LeanSession
 
 __all__ = ["AppScript", "Burst", "TalkingApp", "burst_kind", "caller_tone_ulaw", "drive_caller"]
 
@@ -83,7 +82,7 @@ class AppScript:
 
 
 class TalkingApp:
-    """A fake fonoster app (pcm16 16 kHz) that talks back on a fixed script (module doc)."""
+    """A fonoster app (pcm16 16 kHz) that talks back on a fixed script (module doc)."""
 
     def __init__(
         self,
@@ -170,21 +169,12 @@ def caller_tone_ulaw(ms: float) -> bytes:
     return au.ulaw_encode(au.tone_pcm16(CALLER_TONE_HZ, ms, 8000, amplitude=6000))
 
 
-async def drive_caller(
-    call: FakeTwilioCall | SipCaller | LeanTwilioCall, tone_ulaw: bytes, period_s: float
-) -> None:
+async def drive_caller(call: SipCaller | LeanTwilioCall, tone_ulaw: bytes, period_s: float) -> None:
     """Queue ``tone_ulaw`` every ``period_s``; continuous media fills the rest with silence.
 
-    With a 1 s tone every 2 s the caller talks half of the time, as the issue asks. A SIP
-    caller's packets, and a lean Twilio caller's messages, are sent by its worker's ticker;
-    this only hands it the tone.
+    With a 1 s tone every 2 s the caller talks half of the time. A SIP caller's packets, and a
+    Twilio caller's messages, are sent by its worker's ticker; this only hands it the tone.
     """
     while not call.closed:
-        if isinstance(call, SipCaller | LeanTwilioCall):
-            call.talk(tone_ulaw)
-        else:
-            try:
-                await call.send_audio_ulaw(tone_ulaw)
-            except ConnectionError:
-                return
+        call.talk(tone_ulaw)
         await asyncio.sleep(period_s)

@@ -1,4 +1,4 @@
-"""One load-generator process: fake Twilio callers, the fake app they reach, and maybe the REST API.
+"""One load-generator process: the lean callers, the lean app they reach, maybe the REST API.
 
 Started by :mod:`bench.load` as ``python -m bench.worker INDEX`` (pinned to a core, dying with its
 parent) and driven over stdin/stdout, one JSON object per line, request then answer:
@@ -14,21 +14,20 @@ parent) and driven over stdin/stdout, one JSON object per line, request then ans
 ``stop``             stop the fakes and exit
 ===================  ==========================================================================
 
-Several workers let the fakes use more than one core (bench/README.md, "Workers"). All of them
-and the parent read ``time.monotonic()``, which is CLOCK_MONOTONIC, one clock for the whole
-machine, so instants can be compared across processes.
+Several workers let the peers use more than one core (bench/README.md, "Options worth
+knowing"). All of them and the parent read ``time.monotonic()``, which is CLOCK_MONOTONIC, one
+clock for the whole machine, so instants can be compared across processes.
 
-The peers are the lean ones by default (``BENCH_PEERS=lean``, set by ``bench.load --peers``):
-:class:`bench.lean_twilio.LeanTwilio` callers and :class:`bench.lean_app.LeanApp`, which put
-the same traffic on the wire for about half of the generator's CPU. ``BENCH_PEERS=classic`` keeps
-the project's test peers (``FakeTwilio``, ``FakeApp`` of appbridge/testing) for one release,
-to compare (bench/README.md, "Lean peers").
+The peers are the lean ones: :class:`bench.lean_twilio.LeanTwilio` callers, SIP callers
+(:class:`bench.sip_caller.SipCaller`) and :class:`bench.lean_app.LeanApp`, which put the
+project's test peers' traffic on the wire for about half of the generator's CPU
+(bench/README.md, "Lean peers").
 
 The apps speak fonoster by default (``BENCH_DIALECT=fonoster``: :class:`bench.talker.TalkingApp`
 scripts them). ``BENCH_DIALECT=twilio`` (``bench.load --dialect twilio``) makes them
-Pipecat-style Twilio Media Streams apps, :class:`bench.pipecat_app.TwilioDialectApp`, always
-lean, which paces every session from one ticker and is its own talker (bench/README.md, "The
-Twilio dialect").
+Pipecat-style Twilio Media Streams apps, :class:`bench.pipecat_app.TwilioDialectApp`, which
+paces every session from one ticker and is its own talker (bench/README.md, "The Twilio
+dialect").
 """
 
 from __future__ import annotations
@@ -50,13 +49,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-import appbridge.testing.fake_twilio as fake_twilio_module
 from appbridge.net.loop_watch import ENV_VAR, LoopStallWatch, threshold_from_env
-from appbridge.testing import FakeApp, FakeTwilio, FakeTwilioRest
-from appbridge.testing.fake_twilio import FakeTwilioCall
+from appbridge.testing import FakeTwilioRest
 from bench.analysis import Caller, CallerFigures, analyse_calls
 from bench.lean_app import LeanApp
-from bench.lean_twilio import LeanTwilio, LeanTwilioCall
+from bench.lean_twilio import LeanTwilio
 from bench.pipecat_app import TwilioDialectApp
 from bench.sip_caller import (
     SIP_CALLER_PREFIX,
@@ -71,13 +68,10 @@ CALLER_TONE_MS = 1000
 CALLER_PERIOD_S = 2.0
 CALLER_FROM = "+15550001111"
 WORKER_STALL_ENV = "BENCH_STALL_TRACE_MS"
-#: Which peers the worker plays: "lean" (bench/lean_*.py) or "classic" (appbridge/testing).
-PEERS_ENV = "BENCH_PEERS"
-PEERS = ("lean", "classic")
 #: Phases of the lean Twilio callers' 20 ms ticker (bench/lean_twilio.py TwilioTicker; 4).
 TWILIO_SLOTS_ENV = "BENCH_TWILIO_SLOTS"
-#: The apps' protocol: "fonoster" (bench/talker.py on the lean or classic app) or "twilio"
-#: (bench/pipecat_app.py, Pipecat-style Media Streams apps; always lean).
+#: The apps' protocol: "fonoster" (bench/talker.py on the lean app) or "twilio"
+#: (bench/pipecat_app.py, Pipecat-style Media Streams apps).
 DIALECT_ENV = "BENCH_DIALECT"
 DIALECTS = ("fonoster", "twilio")
 #: The fonoster apps' speak text: "repeated" (one sentence) or "unique" (bench/talker.py).
@@ -95,49 +89,15 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class _BorrowedClient:
-    """``async with`` over a client that outlives the block (it is closed by its owner)."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
-
-    async def __aenter__(self) -> httpx.AsyncClient:
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class SharedClientHttpx:
-    """The ``httpx`` module as :mod:`appbridge.testing.fake_twilio` sees it in a worker.
-
-    ``FakeTwilio.place_call`` opens a new ``httpx.AsyncClient`` for every webhook, and building
-    one builds a TLS context (system CA store loaded, about 20-120 ms of CPU on the reference
-    machine): one loop stall per call set-up on the generator's loop, which delays every
-    caller's frames and shows up as the gateway's latency (the churn stall,
-    docs/PERFORMANCE.md). The worker swaps in this stand-in, whose ``AsyncClient(...)`` lends
-    one plain client kept for the worker's life; everything else is the real module. (The
-    durable fix is one client per ``FakeTwilio`` in appbridge/testing, reported to its owner.)
-    """
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.shared = client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(httpx, name)
-
-    def AsyncClient(self, *args: Any, **kwargs: Any) -> _BorrowedClient:
-        return _BorrowedClient(self.shared)
-
-
 def is_sip_slot(k: int, sip_share: float) -> bool:
     """Whether call ``k`` of a worker is a SIP one: spread evenly, ``sip_share`` of them."""
     return math.floor((k + 1) * sip_share) > math.floor(k * sip_share)
 
 
 def is_refusal(error: str | None) -> bool:
-    """A clean refusal by admission control (issue 7): SIP 503 with Retry-After (a 503 without
-    it, e.g. no RTP port left, is a failure), Twilio ``<Reject>``."""
+    """A clean refusal by admission control (docs/configuration.md, "Admission control"): SIP
+    503 with Retry-After (a 503 without it, e.g. no RTP port left, is a failure), Twilio
+    ``<Reject>``."""
     if error is None:
         return False
     return (error.startswith("503") and "Retry-After" in error) or "Reject" in error
@@ -151,9 +111,6 @@ class Placed:
 
 
 class Worker:
-    #: The peers this kind of worker can play (the soak worker: classic only, for now).
-    supported_peers: tuple[str, ...] = PEERS
-
     def __init__(
         self,
         index: int,
@@ -161,21 +118,17 @@ class Worker:
         app_secret: str,
         twilio_token: str,
         account_sid: str,
-        peers: str = "lean",
         dialect: str = "fonoster",
         speak: str = "repeated",
     ):
-        if peers not in PEERS:
-            raise ValueError(f"{PEERS_ENV} must be one of {PEERS}, not {peers!r}")
         if dialect not in DIALECTS:
             raise ValueError(f"{DIALECT_ENV} must be one of {DIALECTS}, not {dialect!r}")
         self.index = index
         self.account_sid = account_sid
         self.twilio_token = twilio_token
-        self.peers = peers if peers in self.supported_peers else "classic"
         self.dialect = dialect
         self.talker: TalkingApp | TwilioDialectApp
-        self.app: FakeApp | LeanApp
+        self.app: LeanApp
         if dialect == "twilio":
             # The Pipecat-style app paces itself from its own ticker: no handler task.
             self.app = self.talker = TwilioDialectApp(
@@ -183,17 +136,13 @@ class Worker:
             )
         else:
             self.talker = TalkingApp(seed=1000 + index, unique_speak=speak == "unique")
-            if self.peers == "lean":
-                self.app = LeanApp(secret=app_secret)
-                self.app.loudness_if = is_sip_session
-            else:
-                self.app = FakeApp(secret=app_secret)
+            self.app = LeanApp(secret=app_secret)
+            self.app.loudness_if = is_sip_session
             self.app.handler = self.talker.handle
-        self.lean: LeanTwilio | None = None
+        self.twilio: LeanTwilio | None = None
         self.rest = (
             FakeTwilioRest(account_sid=account_sid, auth_token=twilio_token) if index == 0 else None
         )
-        self.twilio: FakeTwilio | None = None
         self.placed: list[Placed] = []
         self.tone = caller_tone_ulaw(CALLER_TONE_MS)
         self.webhook_client: httpx.AsyncClient | None = None
@@ -203,9 +152,9 @@ class Worker:
 
     # ------------------------------------------------------------------ commands
     async def start(self) -> dict[str, Any]:
-        # One webhook client for every call (see SharedClientHttpx); plain HTTP on loopback.
+        # One webhook client for every call (a new one per call would build a TLS context
+        # each time, a stall on the loop that paces the callers); plain HTTP on loopback.
         self.webhook_client = httpx.AsyncClient(trust_env=False, timeout=30.0, verify=False)
-        setattr(fake_twilio_module, "httpx", SharedClientHttpx(self.webhook_client))  # noqa: B010
         await self.app.start()
         if self.rest is not None:
             await self.rest.start()
@@ -213,7 +162,6 @@ class Worker:
             "app_url": self.app.url,
             "rest_base_url": self.rest.base_url if self.rest is not None else None,
             "pid": os.getpid(),
-            "peers": self.peers,
             "dialect": self.dialect,
             "affinity": sorted(os.sched_getaffinity(0)),
         }
@@ -268,25 +216,16 @@ class Worker:
         }
 
     def open_twilio(self, base_url: str) -> None:
-        """The Twilio that places this worker's calls on the gateway: lean or classic."""
-        if self.peers == "lean":
-            assert self.webhook_client is not None
-            self.lean = LeanTwilio(
-                base_url,
-                account_sid=self.account_sid,
-                auth_token=self.twilio_token,
-                client=self.webhook_client,
-                slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
-                rest=self.rest,
-            )
-        else:
-            self.twilio = FakeTwilio(
-                base_url,
-                account_sid=self.account_sid,
-                auth_token=self.twilio_token,
-                rest=self.rest,
-                webhook_timeout_s=30.0,
-            )
+        """The Twilio that places this worker's Twilio-ingress calls on the gateway."""
+        assert self.webhook_client is not None
+        self.twilio = LeanTwilio(
+            base_url,
+            account_sid=self.account_sid,
+            auth_token=self.twilio_token,
+            client=self.webhook_client,
+            slots=int(os.environ.get(TWILIO_SLOTS_ENV) or 4),
+            rest=self.rest,
+        )
 
     def window_start(self) -> dict[str, Any]:
         # The recordings grow all through the hold: keep the collector's full passes (which
@@ -333,9 +272,6 @@ class Worker:
         if self.twilio is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.twilio.aclose(), 30.0)
-        if self.lean is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.lean.aclose(), 30.0)
         if self.rest is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.rest.stop(), 10.0)
@@ -352,13 +288,9 @@ class Worker:
         if sip:
             await self._place_sip(slot, to)
             return
+        assert self.twilio is not None
         try:
-            call: FakeTwilioCall | LeanTwilioCall
-            if self.lean is not None:
-                call = await self.lean.place_call(CALLER_FROM, to)
-            else:
-                assert self.twilio is not None
-                call = await self.twilio.place_call(CALLER_FROM, to, continuous_media=True)
+            call = await self.twilio.place_call(CALLER_FROM, to)
         except Exception as exc:  # a refused webhook is a measurement, not a crash
             slot.error = f"{type(exc).__name__}: {exc}"
             return
@@ -371,10 +303,8 @@ class Worker:
     async def _place_sip(self, slot: Placed, to: str) -> None:
         assert self.sip is not None
         self.sip_serial += 1
-        # Kernel receive stamps with the lean peers; the classic ones keep the loop's
-        # (bench/README.md, "Receive stamps").
         number = sip_caller_number(self.index, self.sip_serial)
-        call = SipCaller(self.sip, number, to, kernel_stamps=self.peers == "lean")
+        call = SipCaller(self.sip, number, to)
         try:
             await call.place(timeout_s=30.0)
         except SipCallError as exc:
@@ -443,7 +373,6 @@ def worker_from_env(cls: type[W], index: int) -> W:
         app_secret=os.environ["BENCH_APP_SECRET"],
         twilio_token=os.environ["BENCH_TWILIO_TOKEN"],
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
-        peers=os.environ.get(PEERS_ENV) or "lean",
         dialect=os.environ.get(DIALECT_ENV) or "fonoster",
         speak=os.environ.get(SPEAK_ENV) or "repeated",
     )

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
 
 from appbridge.config import load_config
-from appbridge.testing.fake_app import FakeSession
-from appbridge.testing.fake_twilio import FakeTwilioCall
 from bench.analysis import CallerFigures, analyse_calls
 from bench.gateway_proc import GatewaySpec, loop_env, render_config, worker_number
+from bench.lean_app import LeanApp, LeanSession
+from bench.lean_twilio import LeanTwilioCall
 from bench.measure import (
     BurstOutcome,
     audio_frames_between,
@@ -40,6 +38,7 @@ from bench.report import (
     summarize,
 )
 from bench.talker import AppScript, Burst, burst_kind
+from tests.unit.test_bench_lean import new_call
 
 # ---------------------------------------------------------------------- statistics
 
@@ -226,39 +225,40 @@ def test_burst_cycle_clears_each_kind_half_of_the_time() -> None:
 
 
 def _call_with(
-    received: list[tuple[float, dict[str, Any]]],
-    sent: list[tuple[float, dict[str, Any]]],
-    heard: list[tuple[float, int]],
-) -> FakeTwilioCall:
-    call = FakeTwilioCall(call_sid="CA1", account_sid="AC1", from_="+1", to="+2")
-    call.received = received
-    call.sent = sent
-    call.heard = [(t, b"\xff" * 160) for t, _ in heard]
-    call._heard_audio_bytes = [n for _, n in heard]
+    received: list[float], sent: list[float], heard: list[tuple[float, int]]
+) -> LeanTwilioCall:
+    """A Twilio caller's recording: 160-byte ``media`` arrivals, its own sends, its playout
+    (built inside a running loop, as the caller's futures need one)."""
+    call = new_call()
+    for t in received:
+        call.recv_times.append(t)
+        call.recv_bytes.append(160)
+    call.sent_times.extend(sent)
+    for t, n in heard:
+        call.heard_times.append(t)
+        call.heard_bytes.append(n)
     return call
 
 
 def _one_call_over_the_window(arrivals: list[float]) -> CallerFigures:
     """One call's figures over 9-20 s: burst b0 sent at 9.99 s (its frames arriving at
     ``arrivals``), b1 at 13.70 s and cleared at 14.0 s."""
-    media = {"event": "media", "media": {"payload": "A" * 214 + "=="}}  # 160 bytes
-    caller_sent = [(5.0 + 0.02 * k, {"event": "media"}) for k in range(1000)]
+    caller_sent = [5.0 + 0.02 * k for k in range(1000)]
     # Playout: audio from 10.0 s, cut 14.0 s + 5 ms by a clear (40 bytes of that tick played).
     heard = [(10.0 + 0.02 * k, 160) for k in range(200)] + [(14.0, 40), (14.02, 0)]
-    call = _call_with([(t, media) for t in arrivals], caller_sent, heard)
+    call = _call_with(arrivals, caller_sent, heard)
     call.clear_times = [14.004]
-    session = SimpleNamespace(
-        messages=[
-            {"type": "mark", "name": "b0", "cleared": False},
-            {"type": "mark", "name": "b1", "cleared": True},
-        ],
-        message_times=[12.1, 14.01],
-        audio=[b"\x01" + bytes(640)] * 1000,
-        audio_times=[5.0 + 0.02 * k + 0.003 for k in range(1000)],
-        protocol_errors=[],
-        closed=False,
-    )
-    script = AppScript("CA1", cast(FakeSession, session), 5.0)
+    session = LeanSession(LeanApp(secret=None))
+    session.messages = [
+        {"type": "mark", "name": "b0", "cleared": False},
+        {"type": "mark", "name": "b1", "cleared": True},
+    ]
+    session.message_times = [12.1, 14.01]
+    for k in range(1000):
+        session.audio_times.append(5.0 + 0.02 * k + 0.003)
+        session.audio_tracks.append(1)
+        session.audio_loud.append(0)
+    script = AppScript("CA1", session, 5.0)
     script.bursts = [
         Burst(0, "audio", 9.99, "b0", None, 2000),
         Burst(1, "audio", 13.70, "b1", None, 2000, clear_at=14.0),
@@ -266,7 +266,7 @@ def _one_call_over_the_window(arrivals: list[float]) -> CallerFigures:
     return analyse_calls([(call, script)], (9.0, 20.0))
 
 
-def test_analysis_of_one_call_over_the_window() -> None:
+async def test_analysis_of_one_call_over_the_window() -> None:
     # Gateway audio arrives at the caller 10.0-12.0 s (a burst of 100 frames, lead first).
     figures = _one_call_over_the_window(
         [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
@@ -285,7 +285,7 @@ def test_analysis_of_one_call_over_the_window() -> None:
     assert figures.lost_bursts == []
 
 
-def test_a_burst_that_lost_frames_is_described() -> None:
+async def test_a_burst_that_lost_frames_is_described() -> None:
     # Frames 50-52 of the burst never arrive: a 80 ms gap after the one at 11.0 s.
     arrivals = [10.0, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98) if not 50 < k < 54]
     figures = _one_call_over_the_window(arrivals)
@@ -301,7 +301,7 @@ def test_a_burst_that_lost_frames_is_described() -> None:
     assert CallerFigures.from_wire(figures.to_wire()).lost_bursts == figures.lost_bursts
 
 
-def test_a_frame_stamped_a_hair_before_its_burst_counts_for_it() -> None:
+async def test_a_frame_stamped_a_hair_before_its_burst_counts_for_it() -> None:
     # The burst is stamped as sent at 9.99 s; its first frame is dated 1 ms before that (the
     # stamps' clock error, within STAMP_SLACK_S): it is the burst's, and nothing is lost.
     arrivals = [9.989, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
@@ -309,7 +309,7 @@ def test_a_frame_stamped_a_hair_before_its_burst_counts_for_it() -> None:
     assert figures.frames_lost == 0 and figures.lost_bursts == []
 
 
-def test_a_frame_stamped_well_before_its_burst_is_listed_as_just_before() -> None:
+async def test_a_frame_stamped_well_before_its_burst_is_listed_as_just_before() -> None:
     # 5 ms before the send is beyond the slack: the burst lacks that frame, and the description
     # shows where it went.
     arrivals = [9.985, 10.0, 10.0] + [10.0 + 0.02 * k for k in range(1, 98)]
@@ -364,7 +364,7 @@ def test_asyncio_loop_hides_uvloop_from_the_child_only(tmp_path: Path) -> None:
         loop_env("trio", tmp_path, env)
 
 
-# ---------------------------------------------------------------------- soak (issue 7)
+# ---------------------------------------------------------------------- soak
 def test_least_squares_slope_recovers_a_line_and_refuses_a_point() -> None:
     from bench.soak import least_squares_slope
 

@@ -1,4 +1,4 @@
-"""bench/bars.py: issue 7's quality bars on a step's figures, and the table's final line."""
+"""bench/bars.py: the quality bars on a step's figures, and the table's final line."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ def test_dialect_twilio_renders_twilio_apps_the_gateway_accepts(tmp_path: Path) 
         dialect="twilio",
     )
     text = render_config(spec)
-    assert "audio" not in text and "speech" not in text  # INTERFACES §4
+    assert "audio" not in text and "speech" not in text  # docs/protocol-twilio.md
     path = tmp_path / "gateway.toml"
     path.write_text(text)
     config = load_config(path, {"BENCH_TWILIO_TOKEN": "t", "BENCH_APP_SECRET": "s"})
@@ -352,7 +352,6 @@ def test_options_and_workers_for_the_dialect() -> None:
     worker = Worker(0, dialect="twilio", **keys)
     assert isinstance(worker.app, TwilioDialectApp) and worker.talker is worker.app
     assert worker.app.account_sid == ACCOUNT
-    assert isinstance(Worker(0, peers="classic", dialect="twilio", **keys).app, TwilioDialectApp)
     assert isinstance(SoakWorker(0, **keys).app, LeanApp)  # the soak plays lean peers too
     with pytest.raises(ValueError):
         Worker(0, dialect="sip", **keys)

@@ -1,4 +1,4 @@
-"""appbridge/media/gc_pacer.py: full collections in small batches off the media clock (issue 7)."""
+"""appbridge/media/gc_pacer.py: full collections in small batches off the media clock."""
 
 from __future__ import annotations
 

@@ -431,20 +431,12 @@ async def test_lean_caller_talks_to_a_real_websockets_server() -> None:
 
 
 # ---------------------------------------------------------------------- choosing the peers
-def test_the_worker_plays_lean_peers_unless_told_classic() -> None:
-    from appbridge.testing import FakeApp
-    from bench.options import build_parser
+def test_the_worker_plays_lean_peers() -> None:
     from bench.soak_worker import SoakWorker
     from bench.worker import Worker, is_sip_session
 
     keys = {"app_secret": "s", "twilio_token": "t", "account_sid": "AC1"}
-    assert build_parser().parse_args([]).peers == "lean"
-    assert build_parser().parse_args(["--peers", "classic"]).peers == "classic"
     assert isinstance(Worker(0, **keys).app, LeanApp)
-    assert isinstance(Worker(0, peers="classic", **keys).app, FakeApp)
-    assert isinstance(SoakWorker(0, peers="lean", **keys).app, LeanApp)  # the soak too
-    assert isinstance(SoakWorker(0, peers="classic", **keys).app, FakeApp)
-    with pytest.raises(ValueError):
-        Worker(0, peers="fast", **keys)
+    assert isinstance(SoakWorker(0, **keys).app, LeanApp)  # the soak too
     assert is_sip_session({"from": "+155530000000001"})
     assert not is_sip_session({"from": "+15550001111"})

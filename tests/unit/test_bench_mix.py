@@ -1,4 +1,4 @@
-"""Issue 7's mix and overload in the bench: SIP share, refusals, the [sip] config, RTP ports."""
+"""The mix and overload in the bench: SIP share, refusals, the [sip] config, RTP ports."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """bench/sip_caller.py: the benchmark's SIP/RTP caller against a scripted UAS on loopback.
 
 The UAS here is built on the same cores (message, sdp) and answers like the gateway does
-(INTERFACES §6): 100/180 then 200 with an SDP answer, 503 with Retry-After when full, 200 to
+(docs/sip.md): 100/180 then 200 with an SDP answer, 503 with Retry-After when full, 200 to
 BYE. RTP ticks are driven by hand (the worker's 20 ms ticker is off), so no test waits on
 real time beyond loopback delivery.
 """

@@ -19,7 +19,7 @@ import pytest
 
 from bench.analysis import analyse_calls
 from bench.lean_app import LeanApp, LeanSession
-from bench.load import receive_stamps_line
+from bench.report import receive_stamps_line
 from bench.stamped import (
     REFRESH_TRIES,
     SCM_TIMESTAMPNS,
@@ -424,6 +424,6 @@ async def test_the_analysis_gives_loop_stamped_figures_beside_the_kernel_ones() 
     assert max(figures.jitter_loop_ms) == pytest.approx(6.0)
     step = figures.as_dict()
     assert step["inbound_latency_loop_ms"]["p99"] == pytest.approx(9.0)
-    line = receive_stamps_line(step, "lean")
+    line = receive_stamps_line(step)
     assert "inbound 2.0/2.0/2.0 vs 9.0/9.0/9.0" in line
     assert "caller jitter 0.0/0.0/0.0 vs 0.0/6.0/6.0" in line
