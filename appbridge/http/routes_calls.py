@@ -102,7 +102,7 @@ async def delete_call(gw: Gateway, request: Request) -> Response:
     if not _bearer_ok(gw, request):
         return _unauthorized()
     call = gw.registry.get(request.path_params["call_ref"])
-    if call is None or call.state in ("ending", "ended"):
+    if call is None or call.over:
         return error(404, "not_found", "no such live call")
     await call.end("app_hangup")
     return JSONResponse(call.describe())

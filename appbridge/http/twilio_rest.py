@@ -100,7 +100,7 @@ async def update_call(gw: Gateway, request: Request) -> Response:
         return twilio_error(401, 20003, "Authentication Error - invalid username")
     path = f"/{API_VERSION}/Accounts/{account_sid}/Calls/{call_sid}.json"
     call = gw.registry.get(call_sid)
-    if call is None or call.state in ("ending", "ended") or call.app.workspace_ref != account_sid:
+    if call is None or call.over or call.app.workspace_ref != account_sid:
         return twilio_error(404, 20404, f"The requested resource {path} was not found")
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:

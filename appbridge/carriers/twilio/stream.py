@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from appbridge.calls.state import CallState
 from appbridge.carriers.twilio.leg import ASGISend, StreamSink, TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url
 from appbridge.protocol.signing import verify_twilio
@@ -105,7 +106,12 @@ class TwilioStreamSession:
             self.leg = claimed
             return None
         call = gw.registry.get(info.call_sid)
-        if claimed is not None or call is None or call.leg is not None or call.state == "ended":
+        if (
+            claimed is not None
+            or call is None
+            or call.leg is not None
+            or call.state is CallState.ENDED
+        ):
             log.warning("twilio stream: start for unknown call %s", info.call_sid)
             return 1008
         self.leg = TwilioLeg(
