@@ -33,7 +33,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "appbridge.carriers.sip.rtp",
     "appbridge.carriers.twilio.leg",
     "appbridge.carriers.twilio.stream",
-    "appbridge.http.ws_fastpath",
+    "appbridge.net.ws_fastpath",
     "appbridge.media.codecs",
     "appbridge.media.media_clock",
     "appbridge.media.output_queue",

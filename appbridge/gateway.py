@@ -13,16 +13,17 @@ import logging
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 
 from appbridge.admission import CpuLoad, refusal
 from appbridge.calls.registry import CallRegistry
+from appbridge.carriers.sip.inbound import SipService
 from appbridge.carriers.twilio.rest import TwilioRestClient
+from appbridge.carriers.twilio_outbound import TwilioOutbound
 from appbridge.clock import Clock, SystemClock
 from appbridge.config import AppConfig, Config
+from appbridge.counters import Metrics
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
 from appbridge.media.media_clock import MediaClock, slice_from_env
 from appbridge.media.music import MusicStore
@@ -33,24 +34,7 @@ from appbridge.speech.catalog import SpeechCatalog, build_catalog
 from appbridge.speech.providers.deepgram_stt import DeepgramSttProvider
 from appbridge.speech.providers.local_stt import LocalSttProvider
 
-if TYPE_CHECKING:
-    from appbridge.carriers.sip.inbound import SipService
-    from appbridge.carriers.twilio_outbound import TwilioOutbound
-
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Metrics:
-    app_unreachable: int = 0
-    bad_signatures: int = 0
-    carrier_bad_messages: int = 0
-    app_bad_messages: int = 0
-    calls_ended: dict[str, int] = field(default_factory=dict)
-    # Audio frames dropped because the peer read too slowly (a sender never waits), by calls
-    # already over; ``/metrics`` adds the live calls' own counts.
-    audio_dropped_to_app: int = 0
-    audio_dropped_to_carrier: int = 0
 
 
 RETIRED_PROVIDER_GRACE_S = 600.0
@@ -120,7 +104,7 @@ class Gateway:
             self.stt_providers["deepgram"] = DeepgramSttProvider.from_config(deepgram)
         if "local" not in self.stt_providers:
             self.stt_providers["local"] = LocalSttProvider()
-        # -- SIP carrier (issue 6): started and stopped with the gateway when [sip] is set.
+        # The SIP carrier: started and stopped with the gateway when [sip] is set.
         self.sip: SipService | None = None
         # Calls placed through Twilio's REST API (carriers/twilio_outbound.py), made on first use.
         self.twilio_outbound: TwilioOutbound | None = None
@@ -223,10 +207,7 @@ class Gateway:
         if self.memory_log is not None:
             self.memory_log.start(asyncio.get_running_loop())
         self._cpu_task = asyncio.get_running_loop().create_task(self._sample_cpu())
-        # -- SIP carrier (issue 6) --
         if self.config.sip is not None:
-            from appbridge.carriers.sip.inbound import SipService
-
             self.sip = SipService(self, self.config.sip)
             await self.sip.start()
         # Load the models of the STT providers the apps use, in the background: the first call
@@ -240,7 +221,6 @@ class Gateway:
         # Calls still live when the gateway stops (a drain that ran out): the drain timed out.
         for call in self.registry:
             await call.end("timeout")
-        # -- SIP carrier (issue 6) --
         if self.sip is not None:
             await self.sip.stop()
             self.sip = None

@@ -1,7 +1,7 @@
 """``appbridge serve``: the asyncio shell around the gateway (docs/operations.md).
 
 uvicorn serves the Starlette app on uvloop with the sans-I/O websockets implementation, and the
-Twilio Media Stream beside it without the ASGI layer (``http/ws_fastpath.py``). Signals are the
+Twilio Media Stream beside it without the ASGI layer (``net/ws_fastpath.py``). Signals are the
 gateway's own, not uvicorn's:
 
 * SIGHUP reloads the configuration file: a valid one replaces apps, numbers and secrets for new

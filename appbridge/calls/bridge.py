@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from appbridge.carriers.base import CarrierLeg
+from appbridge.calls.carrier_leg import CarrierLeg
 from appbridge.media.reframe import FrameConverter
 
 log = logging.getLogger(__name__)

@@ -44,12 +44,12 @@ from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, enco
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.bridge import Bridge
+from appbridge.calls.carrier_leg import CarrierLeg
 from appbridge.calls.commands import CommandShell
 from appbridge.calls.core import CallCore
 from appbridge.calls.listening import Ears
 from appbridge.calls.state import CallState
 from appbridge.calls.transfer import TransferFlow
-from appbridge.carriers.base import CarrierLeg
 from appbridge.config import AppConfig
 from appbridge.media.codecs import PCMU_8K, AudioFormat
 from appbridge.media.output_queue import OutputQueue
@@ -60,7 +60,7 @@ from appbridge.speech.base import TtsProvider, VoiceInfo
 from appbridge.weakable import Weakable
 
 if TYPE_CHECKING:
-    from appbridge.gateway import Gateway
+    from appbridge.calls.services import CallServices
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class DialResult:
 class Call(Weakable):  # Weakable: the command handler holds it through a weak reference
     def __init__(
         self,
-        gw: Gateway,
+        gw: CallServices,
         *,
         call_ref: str,
         app: AppConfig,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from appbridge.carriers.base import CarrierLeg, TransferError
+from appbridge.calls.carrier_leg import CarrierLeg, TransferError
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.wav import MAX_WAV_SECONDS

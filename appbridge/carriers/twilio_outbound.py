@@ -49,17 +49,18 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls import intake
+from appbridge.calls.carrier_leg import TransferError
+from appbridge.carriers.requests import CallRequest, OutboundError
 from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url, twiml_stream
 from appbridge.protocol.signing import verify_twilio
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
-    from appbridge.carriers.sip.outbound import CallRequest
+    from appbridge.carriers.services import CarrierServices
     from appbridge.carriers.twilio.leg import ASGISend
     from appbridge.carriers.twilio.rest import TwilioRestClient
-    from appbridge.gateway import Gateway
     from appbridge.protocol.session_v1 import EndReason
     from appbridge.protocol.twilio_streams import TwilioStartInfo
 
@@ -212,7 +213,7 @@ class TwilioRefusedCall(Exception):
 class TwilioOutbound:
     """The dials of one gateway (module doc). Reached through :func:`outbound_for`."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: CarrierServices) -> None:
         self.gw = gw
         self._by_id: dict[str, TwilioDial] = {}
         self._by_token: dict[str, TwilioDial] = {}
@@ -285,16 +286,12 @@ class TwilioOutbound:
     async def place(self, req: CallRequest) -> Call:
         """``POST /v1/calls`` with the Twilio carrier: create the call, register it ``dialing``.
         Raises :class:`~appbridge.carriers.sip.outbound.OutboundError`."""
-        from appbridge.calls.call import Call
-        from appbridge.carriers.sip.outbound import OutboundError
-
         gw = self.gw
         if self._rest() is None:
             raise OutboundError(
                 503, "unavailable", "carriers.twilio.auth_token is needed to place Twilio calls"
             )
-        if gw.admission_refusal() is not None:
-            gw.registry.total_rejected += 1
+        if intake.refusal(gw) is not None:
             raise OutboundError(503, "unavailable", "the gateway takes no new calls right now")
         d = self._new_dial(req.to, req.timeout_s)
         try:
@@ -302,7 +299,7 @@ class TwilioOutbound:
         except TwilioRefusedCall as exc:
             self._forget(d)
             raise OutboundError(502, "carrier_error", str(exc)) from None
-        call = Call(
+        call = intake.open_call(
             gw,
             call_ref=sid,
             app=req.app,
@@ -313,7 +310,6 @@ class TwilioOutbound:
             metadata=req.metadata,
         )
         d.call = call
-        gw.registry.add(call)
         # Ended before the answer by anyone else (DELETE, shutdown): that is a cancel.
         gw.registry.set_final_fields(
             sid, {"state": "canceled", "endReason": "canceled", "twilioStatus": None}
@@ -545,8 +541,8 @@ class TwilioOutbound:
 # -- per gateway, and the two entry points of the routes ----------------------------------------
 
 
-def outbound_for(gw: Gateway) -> TwilioOutbound:
-    """The gateway's :class:`TwilioOutbound` (``Gateway.twilio_outbound``), made on first use."""
+def outbound_for(gw: CarrierServices) -> TwilioOutbound:
+    """The gateway's :class:`TwilioOutbound` (``twilio_outbound``), made on first use."""
     found = gw.twilio_outbound
     if found is None:
         found = gw.twilio_outbound = TwilioOutbound(gw)
@@ -554,7 +550,7 @@ def outbound_for(gw: Gateway) -> TwilioOutbound:
 
 
 def claim_outbound_stream(
-    gw: Gateway, info: TwilioStartInfo, send: ASGISend
+    gw: CarrierServices, info: TwilioStartInfo, send: ASGISend
 ) -> TwilioLeg | Refused | None:
     """The stream endpoint's hook: the leg of a dial's stream, :data:`REFUSED`, or None when
     the stream is not one the gateway dialed out (the inbound path decides)."""
@@ -567,7 +563,7 @@ def claim_outbound_stream(
 
 
 async def handle_status_callback(
-    gw: Gateway, url: str, pairs: list[tuple[str, str]], signature: str | None
+    gw: CarrierServices, url: str, pairs: list[tuple[str, str]], signature: str | None
 ) -> tuple[int, str, bytes]:
     """``POST /twilio/status``: (status, content type, body). Signed like the voice webhook
     (reference/twilio.md, "X-Twilio-Signature"): 403 on a mismatch, and nothing changes."""

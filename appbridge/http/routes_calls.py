@@ -17,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from appbridge.carriers.requests import OutboundError, parse_call_request
+from appbridge.carriers.twilio_outbound import outbound_for
 from appbridge.http.errors import error
 
 if TYPE_CHECKING:
@@ -58,10 +60,8 @@ async def list_calls(gw: Gateway, request: Request) -> Response:
 
 
 async def create_call(gw: Gateway, request: Request) -> Response:
-    """Checked in carriers/sip/outbound.py; 201 once the INVITE is out (SIP) or Twilio created
+    """Checked in carriers/requests.py; 201 once the INVITE is out (SIP) or Twilio created
     the call (carriers/twilio_outbound.py)."""
-    from appbridge.carriers.sip.outbound import OutboundError, parse_call_request
-    from appbridge.carriers.twilio_outbound import outbound_for
 
     if not _bearer_ok(gw, request):
         return _unauthorized()

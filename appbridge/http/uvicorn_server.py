@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from appbridge.http.ws_fastpath import Acceptor
 from appbridge.http.ws_router import RoutingWsProtocol, fast_ws_protocol
+from appbridge.net.ws_fastpath import Acceptor
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway

@@ -1,5 +1,5 @@
 """The ``ws`` protocol uvicorn builds for every WebSocket upgrade: it reads the request line and
-sends a fast route to :class:`~appbridge.http.ws_fastpath.FastWebSocket`, every other path to
+sends a fast route to :class:`~appbridge.net.ws_fastpath.FastWebSocket`, every other path to
 uvicorn's own ``WebSocketsSansIOProtocol`` (so the other WebSocket routes stay ASGI).
 
 Kept apart from ``ws_fastpath.py`` because that module is compiled (``appbridge/compiled.py``) and
@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from appbridge.http.ws_fastpath import DEFAULT_MAX_MESSAGE_BYTES, Acceptor, FastWebSocket
+from appbridge.net.ws_fastpath import DEFAULT_MAX_MESSAGE_BYTES, Acceptor, FastWebSocket
 
 
 class RoutingWsProtocol(asyncio.Protocol):

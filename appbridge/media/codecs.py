@@ -12,7 +12,7 @@ Codecs: `pcm16` is signed 16-bit little-endian linear PCM, `pcmu` is G.711 µ-la
 G.711 A-law (ITU-T G.711; RFC 3551 section 4.5.14 for their use as RTP payloads 0 and 8). `g722`
 is ITU-T G.722 at 64 kbit/s (RFC 3551 section 4.5.2, RTP payload 9): 16 kHz audio, 4 bits per
 sample, so 160 bytes per 20 ms, the same packet size and RTP timestamp step as G.711 (its RTP
-clock is 8000 Hz; `carriers/sip/g722.py` explains the quirk). All audio is mono.
+clock is 8000 Hz; `media/g722.py` explains the quirk). All audio is mono.
 
 G.722 is sub-band ADPCM: encoder and decoder carry state from byte to byte, so unlike G.711 a
 G.722 stream can only be decoded by one decoder that has seen all of it, in order. A `Converter`
@@ -175,7 +175,7 @@ def _g722_module() -> Any:
     """The G.722 wrapper, imported on first use: the media layer needs it only for SIP legs
     that negotiated G.722, and importing it lazily keeps this module free of the carriers
     package at import time (no import cycle, whatever `carriers/sip/__init__` grows)."""
-    from appbridge.carriers.sip import g722
+    from appbridge.media import g722
 
     return g722
 

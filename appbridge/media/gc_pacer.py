@@ -18,7 +18,7 @@ What:
   at 150-200 calls). Frozen objects are still freed by reference
   counting when their last reference goes; what the freeze hides is garbage in reference
   cycles. An ended call forms none (its parts let go of one another as it ends: calls/call.py,
-  net/ws_client.py, http/ws_fastpath.py, carriers/sip/; tests/integration/
+  net/ws_client.py, net/ws_fastpath.py, carriers/sip/; tests/integration/
   test_teardown_cycles.py proves it per carrier), so this loses nothing in the steady state.
 * A pass also comes early, once the objects made since the last one are enough to make it long:
   after :data:`GROWTH_PASSES` young (generation-1) collections, each of which moved up to about

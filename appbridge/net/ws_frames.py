@@ -3,7 +3,7 @@
 websockets parses and serialises every frame through a generator-based reader, a ``Frame``
 object and a ``BytesIO``: several microseconds per frame, where a media stream carries fifty
 frames a second each way. The gateway's two WebSocket ends (the app link's client,
-``ws_client.py``, and the fast server routes, ``http/ws_fastpath.py``) therefore cut the common
+``ws_client.py``, and the fast server routes, ``net/ws_fastpath.py``) therefore cut the common
 frames here:
 
 * out: a whole message as one final frame, header and payload in one buffer (§5.2); a client's

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.sip.inbound import SipCall
 from appbridge.carriers.sip.leg import SipLeg
 from appbridge.carriers.sip.party import dial_party

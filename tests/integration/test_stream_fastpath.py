@@ -1,4 +1,4 @@
-"""WS /twilio/stream on the WebSocket fast path (appbridge/http/ws_fastpath.py): same
+"""WS /twilio/stream on the WebSocket fast path (appbridge/net/ws_fastpath.py): same
 port and behaviour as the ASGI route, other WebSocket routes untouched, and a stream's bad input
 or failure ends that stream only."""
 
@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.http.uvicorn_server import FASTPATH_ENV
-from appbridge.http.ws_fastpath import FastWebSocket
+from appbridge.net.ws_fastpath import FastWebSocket
 from appbridge.testing.fake_app import FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
 from tests.integration.conftest import Env, gateway_env

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appbridge.carriers.sip import g722
 from appbridge.carriers.sip.leg import LEG_CODECS, audio_format_for
+from appbridge.media import g722
 from appbridge.media.codecs import (
     CODECS,
     G722_16K,

@@ -17,8 +17,8 @@ import pytest
 
 from appbridge.apps.link import AppLink
 from appbridge.calls.call import Call
+from appbridge.calls.carrier_leg import CarrierEvents, CarrierLeg, TransferError
 from appbridge.calls.transfer import ANSWER_TIMEOUT_S, ringback_pcm16
-from appbridge.carriers.base import CarrierEvents, CarrierLeg, TransferError
 from appbridge.clock import VirtualClock
 from appbridge.config import parse_config
 from appbridge.gateway import Gateway

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.carriers.twilio_outbound import (
     DIAL_TOKEN_PARAM,

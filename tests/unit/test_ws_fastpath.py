@@ -1,4 +1,4 @@
-"""The WebSocket fast path (appbridge/http/ws_fastpath.py), sans I/O: websockets' own client
+"""The WebSocket fast path (appbridge/net/ws_fastpath.py), sans I/O: websockets' own client
 protocol talks to a FastWebSocket over a fake transport; no socket, no real time."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from websockets.protocol import State
 from websockets.streams import StreamReader
 from websockets.uri import parse_uri
 
-from appbridge.http.ws_fastpath import (
+from appbridge.http.ws_router import fast_ws_protocol
+from appbridge.net.ws_fastpath import (
     CLOSE_TIMEOUT_S,
     DROP_ABOVE_BYTES,
     GIVE_UP_ABOVE_BYTES,
@@ -24,7 +25,6 @@ from appbridge.http.ws_fastpath import (
     UpgradeRequest,
     text_frame,
 )
-from appbridge.http.ws_router import fast_ws_protocol
 
 
 class FakeTransport:

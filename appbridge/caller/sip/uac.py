@@ -78,7 +78,7 @@ class CallEvent:
 
 
 class _Sink:
-    """The :class:`~appbridge.carriers.base.CarrierEvents` of the caller's :class:`SipLeg`."""
+    """The :class:`~appbridge.calls.carrier_leg.CarrierEvents` of the caller's :class:`SipLeg`."""
 
     def __init__(self, caller: SipTestCaller) -> None:
         self.caller = caller

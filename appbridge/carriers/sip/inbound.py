@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from appbridge.calls import intake
 from appbridge.carriers.sip.dialog import AckTimeout, AnswerRetransmitter, Dialog, DialogError
 from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
@@ -45,8 +46,8 @@ from appbridge.carriers.sip.uac import ALLOW
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
+    from appbridge.carriers.services import CarrierServices
     from appbridge.config import SipConfig
-    from appbridge.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class SipCall:
 class SipInbound:
     """The transaction user for inbound calls (module doc)."""
 
-    def __init__(self, gw: Gateway, transport: SipTransport, cfg: SipConfig) -> None:
+    def __init__(self, gw: CarrierServices, transport: SipTransport, cfg: SipConfig) -> None:
         self.gw = gw
         self.transport = transport
         self.cfg = cfg
@@ -211,8 +212,7 @@ class SipInbound:
         if app is None:
             self._respond(invite, peer, 404)
             return
-        if gw.admission_refusal() is not None:
-            gw.registry.total_rejected += 1
+        if intake.refusal(gw) is not None:
             self._respond(invite, peer, 503, headers=[("Retry-After", "5")])
             return
         if not invite.body:
@@ -237,9 +237,7 @@ class SipInbound:
             self._respond(invite, peer, 488)
             return
         self._respond(invite, peer, 100)
-        from appbridge.calls.call import Call
-
-        call = Call(
+        call = intake.open_call(
             gw,
             call_ref="CA" + uuid.uuid4().hex,
             app=app,
@@ -248,7 +246,6 @@ class SipInbound:
             to=called or "",
             carrier="sip",
         )
-        gw.registry.add(call)
         sc = SipCall(invite, peer, new_tag(), call, negotiator, offer, contact)
         self.calls[call_id] = sc
         sc.cleanup = asyncio.get_running_loop().create_task(self._cleanup_after(sc))
@@ -483,7 +480,9 @@ class SipInbound:
 class SipService:
     """The SIP carrier of one gateway: transaction layer, transport and inbound calls."""
 
-    def __init__(self, gw: Gateway, cfg: SipConfig, layer: TransactionLayer | None = None) -> None:
+    def __init__(
+        self, gw: CarrierServices, cfg: SipConfig, layer: TransactionLayer | None = None
+    ) -> None:
         self.layer = layer or TransactionLayer()
         self.transport = SipTransport(cfg.listen, gw.clock, self.layer)
         self.inbound = SipInbound(gw, self.transport, cfg)

@@ -1,4 +1,4 @@
-"""The SIP call leg: a :class:`~appbridge.carriers.base.CarrierLeg` over RTP.
+"""The SIP call leg: a :class:`~appbridge.calls.carrier_leg.CarrierLeg` over RTP.
 
 Theory of operation
 -------------------
@@ -34,14 +34,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, cast
 
-from appbridge.carriers.base import CarrierEvents, TransferError
+from appbridge.calls.carrier_leg import CarrierEvents, TransferError
 from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
-from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
 from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
 from appbridge.carriers.sip.offer_answer import NegotiatedAudio
 from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
 from appbridge.clock import Clock
 from appbridge.media.codecs import G722_16K, PCMU_8K, AudioFormat
+from appbridge.media.g722 import G722Decoder, G722Encoder
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from appbridge.carriers.sip import g722
 from appbridge.carriers.sip.sdp import (
     CODECS,
     PTIME_MS,
@@ -45,6 +44,7 @@ from appbridge.carriers.sip.sdp import (
     SessionDescription,
     default_codecs,
 )
+from appbridge.media import g722
 
 __all__ = ["NegotiatedAudio", "OfferAnswerError", "SdpNegotiator"]
 

@@ -35,13 +35,12 @@ module adds what a Call needs around it (RFC 3261 §13.2):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from appbridge.calls import intake
+from appbridge.carriers.requests import CallRequest, OutboundError, parse_call_request
 from appbridge.carriers.sip.leg import RtpPortPool, SipLeg
 from appbridge.carriers.sip.party import SipCallSignalling
 from appbridge.carriers.sip.transport import SipTransport
@@ -49,111 +48,13 @@ from appbridge.carriers.sip.uac import ALLOW, SipUac, UacDial, UacError
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
-    from appbridge.config import AppConfig, SipConfig, SipTrunk
-    from appbridge.gateway import Gateway
+    from appbridge.carriers.services import CarrierServices
+    from appbridge.config import SipConfig
     from appbridge.protocol.session_v1 import EndReason
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ALLOW", "CallRequest", "OutboundError", "SipOutbound", "parse_call_request"]
-DEFAULT_TIMEOUT_S = 30.0
-MAX_TIMEOUT_S = 300.0
-MAX_METADATA_BYTES = 16 * 1024
-E164_RE = re.compile(r"\+[1-9][0-9]{1,14}")
-REQUEST_KEYS = frozenset({"app", "to", "from", "carrier", "metadata", "timeout_s"})
-
-
-class OutboundError(Exception):
-    """A call request that cannot be placed: ``status`` is the HTTP answer, ``code`` its name."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class CallRequest:
-    """A checked ``POST /v1/calls`` body."""
-
-    app: AppConfig
-    to: str
-    from_: str
-    carrier: str  # "sip" or "twilio"
-    trunk: SipTrunk | None
-    metadata: dict[str, Any]
-    timeout_s: float
-
-
-def parse_call_request(gw: Gateway, body: Any) -> CallRequest:
-    """Check a decoded JSON body (INTERFACES §5); raises :class:`OutboundError` (400)."""
-    if not isinstance(body, dict):
-        raise OutboundError(400, "bad_request", "the body must be a JSON object")
-    unknown = sorted(set(body) - REQUEST_KEYS)
-    if unknown:
-        raise OutboundError(400, "bad_request", f"unknown field(s): {', '.join(unknown)}")
-    app_ref = body.get("app")
-    if not isinstance(app_ref, str) or not app_ref:
-        raise OutboundError(400, "bad_request", "'app' must be the ref of a configured app")
-    app = gw.config.apps.get(app_ref)
-    if app is None:
-        raise OutboundError(400, "unknown_app", f"no app with ref {app_ref!r}")
-    numbers: dict[str, str] = {}
-    for key in ("to", "from"):
-        value = body.get(key)
-        if not isinstance(value, str) or E164_RE.fullmatch(value) is None:
-            raise OutboundError(
-                400, "bad_request", f"'{key}' must be an E.164 number such as +15550001111"
-            )
-        numbers[key] = value
-    metadata = body.get("metadata", {})
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        raise OutboundError(400, "bad_request", "'metadata' must be a JSON object")
-    size_bytes = len(json.dumps(metadata, separators=(",", ":")).encode())
-    if size_bytes > MAX_METADATA_BYTES:
-        raise OutboundError(
-            400, "bad_request", f"'metadata' is {size_bytes} bytes; at most {MAX_METADATA_BYTES}"
-        )
-    timeout = body.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise OutboundError(400, "bad_request", "'timeout_s' must be a number of seconds")
-    if not 0 < timeout <= MAX_TIMEOUT_S:
-        raise OutboundError(400, "bad_request", f"'timeout_s' must be in (0, {MAX_TIMEOUT_S:g}]")
-    carrier = body.get("carrier")
-    if carrier == "twilio":
-        # Placed through Twilio's REST API (carriers/twilio_outbound.py), which needs its token.
-        if gw.config.twilio is None or not gw.config.twilio.auth_token:
-            raise OutboundError(
-                400, "unknown_carrier", "Twilio calls need [carriers.twilio] with an auth_token"
-            )
-        return CallRequest(
-            app=app,
-            to=numbers["to"],
-            from_=numbers["from"],
-            carrier="twilio",
-            trunk=None,
-            metadata=metadata,
-            timeout_s=float(timeout),
-        )
-    if not isinstance(carrier, str) or not carrier.startswith("sip:"):
-        raise OutboundError(400, "bad_request", '\'carrier\' must be "sip:<trunk>" or "twilio"')
-    name = carrier.removeprefix("sip:")
-    sip = gw.config.sip
-    trunk = next((t for t in sip.trunks if t.name == name), None) if sip else None
-    if trunk is None:
-        raise OutboundError(400, "unknown_trunk", f"no SIP trunk named {name!r}")
-    return CallRequest(
-        app=app,
-        to=numbers["to"],
-        from_=numbers["from"],
-        carrier="sip",
-        trunk=trunk,
-        metadata=metadata,
-        timeout_s=float(timeout),
-    )
 
 
 class _CallOwner:
@@ -211,7 +112,7 @@ class SipOutbound(SipUac):
     """Outbound calls on the shared UAC (``uac.py``); fed by ``SipInbound`` for its Call-IDs."""
 
     def __init__(
-        self, gw: Gateway, transport: SipTransport, cfg: SipConfig, pool: RtpPortPool
+        self, gw: CarrierServices, transport: SipTransport, cfg: SipConfig, pool: RtpPortPool
     ) -> None:
         super().__init__(gw.clock, transport, cfg, pool)
         self.gw = gw
@@ -222,17 +123,14 @@ class SipOutbound(SipUac):
         trunk = req.trunk
         assert trunk is not None
         gw = self.gw
-        if gw.admission_refusal() is not None:
-            gw.registry.total_rejected += 1
+        if intake.refusal(gw) is not None:
             raise OutboundError(503, "unavailable", "the gateway takes no new calls right now")
         try:
             d = await self.prepare(trunk, to_user=req.to, from_user=req.from_)
         except UacError as exc:
             status = 503 if exc.code == "unavailable" else 502
             raise OutboundError(status, exc.code, exc.message) from exc
-        from appbridge.calls.call import Call
-
-        call = Call(
+        call = intake.open_call(
             gw,
             call_ref="CA" + uuid.uuid4().hex,
             app=req.app,
@@ -242,7 +140,6 @@ class SipOutbound(SipUac):
             carrier="sip",
             metadata=req.metadata,
         )
-        gw.registry.add(call)
         # Ended before the answer by anyone else (DELETE, shutdown): that is a cancel.
         gw.registry.set_final_fields(call.call_ref, {"state": "canceled", "endReason": "canceled"})
         self.launch(d, _CallOwner(self, call), req.timeout_s)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.sip.dialog import Dialog, DialogState
 from appbridge.carriers.sip.headers import SipParseError, SipUri
 from appbridge.carriers.sip.leg import SipLeg

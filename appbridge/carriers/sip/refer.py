@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.sip.dialog import Dialog, DialogError
 from appbridge.carriers.sip.headers import SipParseError, SipUri, canonical_name, is_token
 from appbridge.carriers.sip.message import Request, Response

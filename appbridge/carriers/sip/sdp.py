@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
-from appbridge.carriers.sip import g722
+from appbridge.media import g722
 
 __all__ = [
     "CODECS",

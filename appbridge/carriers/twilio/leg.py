@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import httpx
 
-from appbridge.carriers.base import CarrierEvents, CarrierLeg, TransferError
+from appbridge.calls.carrier_leg import CarrierEvents, CarrierLeg, TransferError
 from appbridge.carriers.twilio.rest import TwilioRestClient
 from appbridge.carriers.twilio.twiml import twiml_dial
 from appbridge.media.codecs import PCMU_8K, AudioFormat
@@ -42,7 +42,7 @@ ASGISend = Any
 
 class StreamSink(Protocol):
     """Where a leg's frames go when no task stands between it and the socket
-    (:class:`~appbridge.http.ws_fastpath.FastWebSocket`). Every method returns at once."""
+    (:class:`~appbridge.net.ws_fastpath.FastWebSocket`). Every method returns at once."""
 
     is_open: bool
 
@@ -216,7 +216,7 @@ class TwilioLeg:
     async def dial_party(
         self, target: str, *, caller_id: str, headers: dict[str, str] | None, timeout_s: float
     ) -> CarrierLeg:
-        """A transfer's new party (carriers/base.py). An E.164 ``target`` is a new Twilio call
+        """A transfer's new party (calls/carrier_leg.py). An E.164 ``target`` is a new Twilio call
         whose stream comes back here (carriers/twilio_outbound.py), ``caller_id`` its From; a
         ``sip:`` target goes out through the gateway's SIP carrier when it has one."""
         if target.startswith("sip:"):

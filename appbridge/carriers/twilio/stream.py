@@ -1,6 +1,6 @@
 """``WS /twilio/stream``: the carrier side of one Twilio Media Stream (docs/protocol-twilio.md).
 
-The stream is served on uvicorn's port without its ASGI layer (http/ws_fastpath.py):
+The stream is served on uvicorn's port without its ASGI layer (net/ws_fastpath.py):
 :func:`accept_twilio_stream` checks the upgrade and :class:`TwilioStreamSession` gets each text
 frame in one synchronous call, so caller audio reaches the call without a task in between; the
 leg it makes writes to the same socket (carriers/twilio/leg.py). :class:`TwilioStreamEndpoint`
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from appbridge.calls.state import CallState
 from appbridge.carriers.twilio.leg import ASGISend, StreamSink, TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url
+from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
 from appbridge.protocol.signing import verify_twilio
 from appbridge.protocol.twilio_streams import (
     TwilioBadMessage,
@@ -30,15 +31,15 @@ from appbridge.protocol.twilio_streams import (
 )
 
 if TYPE_CHECKING:
-    from appbridge.gateway import Gateway
-    from appbridge.http.ws_fastpath import FastHandler, FastWebSocket, UpgradeRequest
+    from appbridge.carriers.services import CarrierServices
+    from appbridge.net.ws_fastpath import FastHandler, FastWebSocket, UpgradeRequest
 
 log = logging.getLogger(__name__)
 
 ASGIReceive = Any
 
 
-def stream_signature_ok(gw: Gateway, query: str, signature: str) -> bool:
+def stream_signature_ok(gw: CarrierServices, query: str, signature: str) -> bool:
     """Twilio signs the upgrade over the public stream URL (and its query), with empty params
     (protocol/signing.py); without an ``auth_token`` nothing is checked (docs/configuration.md,
     ``[carriers.twilio]``)."""
@@ -62,7 +63,7 @@ class TwilioStreamSession:
     it. :meth:`on_text` answers None to go on, or the close code to end the stream with: 1008
     for a ``start`` of no call of this gateway, 1000 after Twilio's ``stop``."""
 
-    def __init__(self, gw: Gateway, sink: StreamSink | ASGISend) -> None:
+    def __init__(self, gw: CarrierServices, sink: StreamSink | ASGISend) -> None:
         self.gw = gw
         self.sink = sink
         self.leg: TwilioLeg | None = None
@@ -96,7 +97,6 @@ class TwilioStreamSession:
         log.warning("twilio stream: binary frame ignored (Twilio sends text only)")
 
     def _on_start(self, msg: TwilioStart) -> int | None:
-        from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
 
         gw = self.gw
         info = msg.start
@@ -138,7 +138,7 @@ class TwilioStreamSession:
 
 
 class _FastTwilioStream:
-    """:class:`~appbridge.http.ws_fastpath.FastHandler` of one stream."""
+    """:class:`~appbridge.net.ws_fastpath.FastHandler` of one stream."""
 
     __slots__ = ("session", "ws")
 
@@ -159,9 +159,9 @@ class _FastTwilioStream:
 
 
 def accept_twilio_stream(
-    gw: Gateway,
+    gw: CarrierServices,
 ) -> Callable[[UpgradeRequest, FastWebSocket], FastHandler | None]:
-    """The fast route of ``WS /twilio/stream`` (http/ws_fastpath.py): a refused upgrade (no
+    """The fast route of ``WS /twilio/stream`` (net/ws_fastpath.py): a refused upgrade (no
     ``[carriers.twilio]``, a bad signature) is answered HTTP 403, as the ASGI route does."""
 
     def accept(request: UpgradeRequest, ws: FastWebSocket) -> FastHandler | None:
@@ -178,7 +178,7 @@ class TwilioStreamEndpoint:
     """ASGI WebSocket endpoint for ``WS /twilio/stream`` (docs/operations.md, "Connecting a real
     Twilio number"), used when the server runs without the fast path."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: CarrierServices) -> None:
         self.gw = gw
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from appbridge.calls import intake
 from appbridge.carriers.twilio.twiml import (
     stream_url,
     twiml_hangup,
@@ -24,7 +25,7 @@ from appbridge.carriers.twilio.twiml import (
 from appbridge.protocol.signing import verify_twilio
 
 if TYPE_CHECKING:
-    from appbridge.gateway import Gateway
+    from appbridge.carriers.services import CarrierServices
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,9 @@ STREAM_WAIT_S: Final = 15.0
 
 
 async def handle_voice_webhook(
-    gw: Gateway, url: str, form: dict[str, str], signature: str | None
+    gw: CarrierServices, url: str, form: dict[str, str], signature: str | None
 ) -> tuple[int, str, bytes]:
     """Returns (status, content_type, body) for ``POST /twilio/voice``."""
-    from appbridge.calls.call import Call
-
     cfg = gw.config.twilio
     if cfg is None:
         return 404, "application/json", b'{"error":"not_found","message":"Twilio is not enabled"}'
@@ -51,9 +50,8 @@ async def handle_voice_webhook(
     if not call_sid:
         return 400, "application/json", b'{"error":"bad_request","message":"CallSid is missing"}'
     from_, to = form.get("From", ""), form.get("To", "")
-    refused = gw.admission_refusal()
+    refused = intake.refusal(gw)
     if refused is not None:
-        gw.registry.total_rejected += 1
         log.warning("twilio: call %s refused: %s", call_sid, refused)
         return 200, "text/xml", twiml_reject("busy").encode()
     existing = gw.registry.get(call_sid)
@@ -63,10 +61,9 @@ async def handle_voice_webhook(
     if app is None:
         log.info("twilio: no app for %s; rejecting", to)
         return 200, "text/xml", twiml_say_hangup("This number is not in service.").encode()
-    call = Call(
+    call = intake.open_call(
         gw, call_ref=call_sid, app=app, direction="inbound", from_=from_, to=to, carrier="twilio"
     )
-    gw.registry.add(call)
     answered = await call.connect_app()
     if not answered:
         await call.end("error")

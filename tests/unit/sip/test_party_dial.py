@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.sip.headers import SipUri
 from appbridge.carriers.sip.leg import RtpPortPool, SipLeg
 from appbridge.carriers.sip.message import Request, Response, make_response

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from appbridge.carriers.base import TransferError
+from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.sip.dialog import Dialog
 from appbridge.carriers.sip.headers import NameAddr, SipUri
 from appbridge.carriers.sip.message import Request, make_response, parse_message

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from appbridge.carriers.sip import g722
 from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.sdp import (
     G722,
@@ -15,6 +14,7 @@ from appbridge.carriers.sip.sdp import (
     SdpError,
     SessionDescription,
 )
+from appbridge.media import g722
 
 CARRIER_OFFER = (
     "v=0\r\n"

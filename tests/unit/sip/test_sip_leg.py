@@ -9,13 +9,13 @@ from collections.abc import Callable
 import pytest
 
 from appbridge.carriers.sip.dtmf4733 import TelephoneEvent
-from appbridge.carriers.sip.g722 import G722Decoder, G722Encoder
 from appbridge.carriers.sip.leg import RtpPortPool, SipLeg
 from appbridge.carriers.sip.offer_answer import NegotiatedAudio
 from appbridge.carriers.sip.rtp import RtpPacket
 from appbridge.carriers.sip.sdp import G722, PCMU, Codec
 from appbridge.clock import VirtualClock
 from appbridge.media.codecs import PCM16_16K
+from appbridge.media.g722 import G722Decoder, G722Encoder
 from appbridge.testing.audio import dominant_freq, tone_pcm16
 
 PEER = ("127.0.0.1", 40000)

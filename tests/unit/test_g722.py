@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appbridge.carriers.sip import g722, offer_answer, sdp
+from appbridge.media import g722, offer_answer, sdp
 
 pytestmark = pytest.mark.skipif(not g722.AVAILABLE, reason="the G722 package is not installed")
 
