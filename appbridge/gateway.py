@@ -51,7 +51,8 @@ async def _aclose_all(providers: Sequence[object]) -> None:
 
 
 def build_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
-    """System roots, plus the operator's private CA bundle when configured (seed 000)."""
+    """System roots, plus the operator's private CA bundle when configured (docs/configuration.md,
+    `[server]` ``ca_bundle``)."""
     ctx = ssl.create_default_context()
     if ca_bundle:
         ctx.load_verify_locations(cafile=ca_bundle)
@@ -149,9 +150,9 @@ class Gateway:
 
     def signing_secret(self, app: AppConfig) -> str | None:
         """The secret a new connection to ``app`` (or its listeners) is signed with: the one
-        configured now, even for a call that started before a reload. Seed 004: "Rotating the
-        signing secret takes effect immediately; there is no overlap window". An app the reload
-        removed keeps the secret the call started with."""
+        configured now, even for a call that started before a reload. The session protocol:
+        "Rotating the signing secret takes effect immediately; there is no overlap window". An app
+        the reload removed keeps the secret the call started with."""
         current = self.config.apps.get(app.ref)
         return current.signing_secret if current is not None else app.signing_secret
 

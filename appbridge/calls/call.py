@@ -2,14 +2,15 @@
 
 Theory of operation
 -------------------
-A call is born when a carrier offers it (the Twilio webhook, a SIP INVITE). ``connect_app``
-dials the routed app (seed 004: signed, retried for 2.5 s, then the app's fallback: another app
-or a message spoken by the gateway). When the carrier's media arrives, ``attach_carrier`` opens
-the session: ``session.start`` goes out and the call is live.
+A call is born when a carrier offers it (the Twilio webhook, a SIP INVITE). ``connect_app`` dials
+the routed app (docs/protocol-session-v1.md, "Connection and frames": signed, retried for 2.5 s,
+then the app's fallback: another app or a message spoken by the gateway). When the carrier's media
+arrives, ``attach_carrier`` opens the session: ``session.start`` goes out and the call is live.
 
 From then on three things drive it, all on the event loop and none of them waiting on a peer:
 
-* app frames (``on_app_text`` / ``on_app_binary``), handled by ``commands.CommandHandler``;
+* app frames (``on_app_text`` / ``on_app_binary``), decided by the call core
+  (``calls/core.py``) and carried out by its shell (``calls/commands.py``);
 * carrier events (caller audio, keypresses, the caller hanging up);
 * the process-wide media clock, whose tick pulls the next 20 ms frame from the output queue (or,
   on hold, from the hold music) and hands it to the carrier leg, emitting ``output.*`` and
@@ -69,7 +70,7 @@ MAX_FALLBACK_HOPS: Final = 4
 
 def session_format_for(app: AppConfig) -> AudioFormat:
     """The audio format of the app's session: its ``audio``, or µ-law 8 kHz in the Twilio
-    dialect (INTERFACES §4)."""
+    dialect (docs/configuration.md, `[[apps]]`)."""
     if app.protocol == "twilio":
         return PCMU_8K
     return AudioFormat(app.audio.codec, app.audio.rate)
@@ -205,7 +206,8 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
 
     # -- reaching an app --------------------------------------------------------------------
     async def dial_app(self, app: AppConfig | None) -> DialResult:
-        """Dial ``app``, following its fallback rules (seed 004, "Connecting")."""
+        """Dial ``app``, following its fallback rules (docs/protocol-session-v1.md, "Connection and
+        frames")."""
         hops = 0
         while app is not None:
             try:
@@ -254,7 +256,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
 
     def _sync_ears(self) -> None:
         """VAD, turn detector and STT run for fonoster apps only: the Twilio dialect carries no
-        turn or transcript events (seed 004, "Twilio protocol": no Speech layer), and the
+        turn or transcript events (docs/protocol-twilio.md, "Twilio-dialect apps"), and the
         gateway never acts on caller speech by itself ("Interruptions"), so for a Twilio-dialect
         app they would only burn CPU (a local STT per call, about 7 % of a core each)."""
         leg = self.leg
@@ -391,7 +393,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             log.exception("call %s: app audio failed", self.call_ref)
 
     def on_app_gone(self, reason: str) -> None:
-        # Seed 004: "Closing the socket yourself hangs up the call."
+        # Closing the socket hangs up the call (docs/protocol-session-v1.md, `session.end`).
         end_reason: sv1.EndReason = (
             "app_hangup" if reason == "closed" else "timeout" if reason == "timeout" else "error"
         )
@@ -401,7 +403,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def on_carrier_audio(self, payload: bytes) -> None:
         self.frames_in += 1
         if self.control.on_hold or self._party is not None:
-            return  # INTERFACES §6: on hold the app receives no caller frames at all
+            return  # on hold the app receives no caller frames at all
         transfer = self.transfer
         if transfer is not None and transfer.caller_waiting:
             return  # a transfer's caller waits on hold
@@ -436,7 +438,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
                 listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
 
     def on_carrier_dtmf(self, digit: str) -> None:
-        # Keypresses arrive at any time, on hold too (seed 004 ``hold``).
+        # Keypresses arrive at any time, on hold too (docs/protocol-session-v1.md, "Call control").
         if self.lifecycle.state is CallState.ACTIVE:
             self.send_event(sv1.DtmfEvent(digit=digit))
 
@@ -755,7 +757,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         """Drop the parts that point back at the call (the legs' events, the ears, the app
         link's listener, a transfer or bridge): an ended call then forms no reference cycle, and
         reference counting frees it with everything it held as soon as its last task is done,
-        instead of leaving it for a full collection (issue 7, media/gc_pacer.py). The record
+        instead of leaving it for a full collection (media/gc_pacer.py). The record
         of the call lives on in the registry as a description."""
         if self.leg is not None:
             self.gw.metrics.audio_dropped_to_carrier += self.leg.audio_dropped

@@ -20,7 +20,7 @@ class CarrierEvents(Protocol):
     def on_carrier_dtmf(self, digit: str) -> None: ...
 
     def on_carrier_hangup(self) -> None:
-        """The remote party ended the call (INTERFACES §6: reason ``caller_hangup``)."""
+        """The remote party ended the call (``session.end`` reason ``caller_hangup``)."""
         ...
 
 
@@ -88,7 +88,7 @@ class CarrierLeg(Protocol):
 
     async def refer(self, target: str, headers: dict[str, str] | None) -> None:
         """RFC 3515 REFER of the remote party to ``target``; returns once the NOTIFYs report
-        success (and the gateway has sent its BYE, INTERFACES §6). Raises
+        success (and the gateway has sent its BYE; docs/sip.md). Raises
         :class:`TransferError`: ``feature_not_supported`` where the carrier has no REFER
         (Twilio), ``transfer_failed`` when refused or failed."""
         ...
@@ -103,7 +103,8 @@ class CarrierLeg(Protocol):
 
 
 class TransferError(Exception):
-    """``code`` is the seed's error code: ``transfer_failed`` or ``feature_not_supported``."""
+    """``code`` is the session protocol's error code: ``transfer_failed`` or
+    ``feature_not_supported``."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -1,4 +1,5 @@
-"""Call-control rules of seed 004 as a sans-I/O core: hold gating and the handoff limits.
+"""Call-control rules (docs/protocol-session-v1.md, "Call control") as a sans-I/O core: hold gating
+and the handoff limits.
 
 Theory of operation: the command handler asks :meth:`CallControl.gate` before running a command;
 the answer is ``None`` (go on) or the error code to send. Hold and handoff state changes go

@@ -1,6 +1,6 @@
 """The call's ears: VAD on every caller frame, a streaming STT opened at call start, and the turn
-detector that turns both into ``turn.*`` events (seed 004, "Turn events", ``subscribe``,
-``listen.update``).
+detector that turns both into ``turn.*`` events (docs/protocol-session-v1.md, "Listening": turn
+events, ``subscribe``, ``listen.update``).
 
 Caller audio reaches here as 20 ms pcm16 frames at 16 kHz (or 8 kHz when the carrier is narrow
 band and the session asks for 8 kHz), converted once per frame next to the app's own frames. The

@@ -1,4 +1,4 @@
-"""Transfers: seed 004 ``transfer`` and ``transfer.complete``; INTERFACES §6 "Transfer targets".
+"""Transfers: ``transfer`` and ``transfer.complete`` (docs/protocol-session-v1.md, "Call control").
 
 One :class:`TransferFlow` per transfer under way (a call has at most one). The modes:
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Seed 004: "no answer in 30 s: ``error`` ``transfer_failed`` and the caller is back".
+#: The session protocol: "no answer in 30 s: ``error`` ``transfer_failed`` and the caller is back".
 ANSWER_TIMEOUT_S = 30.0
 #: The ringback a caller hears while a cold transfer rings (ITU-T E.180 / North American
 #: practice: 440 Hz + 480 Hz, 2 s on, 4 s off).

@@ -1,11 +1,12 @@
-"""Calls the gateway places through Twilio: outbound app calls and transfer parties (issue 6).
+"""Calls the gateway places through Twilio: outbound app calls and transfer parties.
 
 Theory of operation
 -------------------
 Twilio places a call when asked over REST (``POST /2010-04-01/Accounts/{AccountSid}/Calls.json``,
 form fields ``To``, ``From``, ``Twiml``, ``StatusCallback``, ``StatusCallbackEvent`` and
 ``Timeout``). The inline TwiML is the ``<Connect><Stream>`` the voice webhook answers
-(INTERFACES §5) with one more ``<Parameter>``: :data:`DIAL_TOKEN_PARAM`, a random token that only
+(docs/protocol-twilio.md, "Outbound calls") with one more ``<Parameter>``:
+:data:`DIAL_TOKEN_PARAM`, a random token that only
 this gateway and Twilio see. When the callee answers, Twilio runs the TwiML and opens the Media
 Stream; its ``start`` carries the token back in ``customParameters``, which is how the stream is
 tied to the dial (:func:`claim_outbound_stream`, the stream endpoint's one hook). A stream whose
@@ -21,14 +22,14 @@ after the stream already started; the core never moves backwards.
 
 Two users of the same dial:
 
-* ``POST /v1/calls`` with ``"carrier": "twilio"`` (:meth:`TwilioOutbound.place`). A Call
-  (direction ``outbound``, callRef = the CallSid, INTERFACES §7) is registered at once in state
+* ``POST /v1/calls`` with ``"carrier": "twilio"`` (:meth:`TwilioOutbound.place`). A Call (direction
+  ``outbound``, callRef = the CallSid, docs/protocol-twilio.md) is registered at once in state
   ``dialing``, then ``ringing`` and ``answered`` as Twilio reports; when the stream starts, the app
-  is dialed and the session opens, so ``session.start`` goes out only once the callee answered
-  (as for SIP, carriers/sip/outbound.py). Outcomes before an answer have no session; the record
-  keeps ``state`` = ``endReason`` = ``busy``, ``no-answer``, ``failed`` or ``canceled``, plus
-  ``twilioStatus`` (Twilio's word for it, None when the gateway decided: our deadline, a DELETE).
-  A DELETE while ringing cancels the Twilio call (REST ``Status=canceled``); after the answer the
+  is dialed and the session opens, so ``session.start`` goes out only once the callee answered (as
+  for SIP, carriers/sip/outbound.py). Outcomes before an answer have no session; the record keeps
+  ``state`` = ``endReason`` = ``busy``, ``no-answer``, ``failed`` or ``canceled``, plus
+  ``twilioStatus`` (Twilio's word for it, None when the gateway decided: our deadline, a DELETE). A
+  DELETE while ringing cancels the Twilio call (REST ``Status=canceled``); after the answer the
   leg's usual hang-up applies (``Status=completed``).
 * A transfer's new party (:meth:`TwilioOutbound.dial_party`, via ``TwilioLeg.dial_party``): no
   app; it resolves with the party's :class:`~appbridge.carriers.twilio.TwilioLeg` once its stream
@@ -566,7 +567,7 @@ async def handle_status_callback(
     gw: CarrierServices, url: str, pairs: list[tuple[str, str]], signature: str | None
 ) -> tuple[int, str, bytes]:
     """``POST /twilio/status``: (status, content type, body). Signed like the voice webhook
-    (reference/twilio.md, "X-Twilio-Signature"): 403 on a mismatch, and nothing changes."""
+    (docs/protocol-twilio.md, "X-Twilio-Signature"): 403 on a mismatch, and nothing changes."""
     cfg = gw.config.twilio
     if cfg is None:
         return 404, "application/json", b'{"error":"not_found","message":"Twilio is not enabled"}'

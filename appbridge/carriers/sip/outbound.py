@@ -1,4 +1,4 @@
-"""Outbound SIP calls (``POST /v1/calls`` with ``carrier = "sip:<trunk>"``, INTERFACES §5).
+"""Outbound SIP calls (``POST /v1/calls`` with ``carrier = "sip:<trunk>"``; docs/sip.md).
 
 The UAC call flow lives in ``uac.py`` (shared with transfer party legs, ``party.py``); this
 module adds what a Call needs around it (RFC 3261 §13.2):
@@ -27,7 +27,7 @@ module adds what a Call needs around it (RFC 3261 §13.2):
 
    A CANCEL waits for the first provisional response, as §9.1 asks. A 2xx that arrives after we
    gave up is ACKed and ended with a BYE (§15).
-6. After the answer: BYE from the callee ends the call (``caller_hangup``, INTERFACES §6); the
+6. After the answer: BYE from the callee ends the call (``caller_hangup``); the
    app ending it sends our BYE. A re-INVITE from the callee is answered per RFC 3264 §8.
    Transfers of the call (``SipLeg.dial_party``/``refer``) go through ``party.py``.
 """
