@@ -42,7 +42,8 @@ class _Side:
 
     The side, its bridge, the other side and its leg (whose events are this side) point at one
     another while the bridge runs; when it is over (:meth:`Bridge._finish`) the side lets go of
-    all of them, so that no reference cycle outlives the bridge (issue 7, media/gc_pacer.py),
+    all of them, so that no reference cycle outlives the bridge (the paced collections rely on
+    that: media/gc_pacer.py),
     and whatever the leg still reports is dropped."""
 
     __slots__ = ("bridge", "leg", "other", "outbox", "relayed", "to_other")
@@ -130,7 +131,8 @@ class Bridge:
 
     # -- the end -------------------------------------------------------------------------------
     def party_hung_up(self, side: _Side) -> None:
-        """One party hung up: the other one is hung up too (INTERFACES §6: ``caller_hangup``)."""
+        """One party hung up: the other one is hung up too (docs/protocol-session-v1.md,
+        ``transfer``: either party hanging up ends a bridged call)."""
         if self.done:
             return
         a, b = self._legs

@@ -283,10 +283,11 @@ class SipLeg:
 
     def clear_output(self) -> None:
         """``clear`` (and hold, a bridge): the caller's next packet, silence, leaves now rather
-        than on the next tick, up to 20 ms sooner (issue 7: clear-to-silence). The stream is then
-        one packet ahead of its clock; the next tick with nothing to play sends nothing, so the
-        rate stays one packet per 20 ms and the RTP timestamps run on unbroken (RFC 3550 §5.1).
-        Within a tick (its frame handed over, not yet sent) the frame is dropped instead."""
+        than on the next tick, up to 20 ms sooner (docs/protocol-session-v1.md, ``clear``). The
+        stream is then one packet ahead of its clock; the next tick with nothing to play sends
+        nothing, so the rate stays one packet per 20 ms and the RTP timestamps run on unbroken
+        (RFC 3550 §5.1). Within a tick (its frame handed over, not yet sent) the frame is
+        dropped instead."""
         if self._tick_open:
             self._pending = None  # the tick still to finish sends silence
             return
@@ -326,7 +327,7 @@ class SipLeg:
 
     async def refer(self, target: str, headers: dict[str, str] | None) -> None:
         """RFC 3515 REFER of the remote party to ``target``; returns after the NOTIFY reported
-        success and our BYE went out (``refer.py``, INTERFACES §6)."""
+        success and our BYE went out (``refer.py``; docs/protocol-session-v1.md, ``transfer``)."""
         if self.signalling is None:
             raise TransferError("transfer_failed", "this SIP leg cannot REFER")
         await self.signalling.refer(target, headers)
@@ -387,7 +388,8 @@ class SipLeg:
 
     def _play_ready(self, now: float) -> None:
         """Frames whose packets are here, in sequence, go on at once: the app and the ears need
-        no playout smoothing (issue 7: inbound added latency p99 5 ms); gaps wait for the tick."""
+        no playout smoothing, and every tick of waiting is added latency; gaps wait for the
+        tick."""
         self._play_in(now, self.jitter.pop_ready)
 
     def _play_in(
@@ -469,7 +471,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
     def close(self) -> None:
         # The leg sends through this protocol (a bound method) and this protocol feeds the leg:
         # once the port closes, let go of the leg, so that no reference cycle outlives the call
-        # (issue 7, media/gc_pacer.py).
+        # (the paced collections rely on that: media/gc_pacer.py).
         self.leg = None
         self.closed = True
         if self.transport is not None:
