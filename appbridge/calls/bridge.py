@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appbridge.carriers.base import CarrierLeg
+from appbridge.media.media_clock import Tickable
 from appbridge.media.reframe import FrameConverter
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Bridge:
         a: CarrierLeg,
         b: CarrierLeg,
         *,
-        subscribe: Callable[[Callable[[int], None]], int],
+        subscribe: Callable[[Tickable], int],
         unsubscribe: Callable[[int], None],
         on_done: Callable[[], None],
     ) -> None:
@@ -119,7 +120,7 @@ class Bridge:
         b.attach(self.b)
         self._clock_key = self._subscribe(self._on_tick)
 
-    def _on_tick(self, tick: int) -> None:
+    def _on_tick(self, tick: int, now: float) -> None:
         for side in (self.a, self.b):
             leg, outbox = side.leg, side.outbox
             if leg is None:

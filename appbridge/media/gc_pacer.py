@@ -150,7 +150,10 @@ class GcPacer:
 
 
 class GcPacerShell:
-    """Runs :class:`GcPacer`'s passes off the media clock's ticks (module doc)."""
+    """Runs :class:`GcPacer`'s passes off the media clock's ticks (module doc).
+
+    ``clock`` is the media clock's own clock (the gateway's): a tick's ``now`` decides whether a
+    pass is due, and the same clock says when the pass ended."""
 
     def __init__(
         self,
@@ -196,11 +199,12 @@ class GcPacerShell:
             self._froze = False
         self._loop = None
 
-    def on_tick(self, tick: int) -> None:
-        """A media clock subscriber: when a pass is due, run it right after this tick."""
+    def on_tick(self, tick: int, now: float) -> None:
+        """A media clock subscriber: when a pass is due at the tick's ``now``, run it right
+        after this tick."""
         if self._loop is None or self._pending:
             return
-        if not self.pacer.due(self._clock(), self._grown()):
+        if not self.pacer.due(now, self._grown()):
             return
         self._pending = True
         if self._after_tick is not None:
