@@ -86,7 +86,9 @@ class MediaClock:
     slice its own loop callback (module constant's comment); :meth:`run_tick` ticks them all at
     once (the tests drive it by hand). Either way each subscriber is ticked once per tick, in
     subscription order, and not after it unsubscribed, and every slice of a tick passes the same
-    ``now``; hooks given to :meth:`call_after_tick` run once the tick's last slice is done.
+    ``now``. Work that must follow the ticks has two hooks: :meth:`call_after_tick` (once the
+    tick's last slice is done: the paced collection) and :meth:`call_after_slice` (once the
+    slice that ticked the caller is done: a SIP leg's packet).
 
     ``clock`` is the gateway's clock, the one the calls compare their deadlines with; the
     schedule itself runs on the event loop's time, which is what ``asyncio.sleep`` waits on.
@@ -109,6 +111,7 @@ class MediaClock:
         self._order: list[tuple[int, Tickable]] = []
         self._pos = 0
         self._after: list[TickHook] = []
+        self._after_slice: list[TickHook] = []
         self._ticking = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -136,6 +139,33 @@ class MediaClock:
             self._after.append(hook)
         else:
             hook()
+
+    def call_after_slice(self, hook: TickHook) -> None:
+        """Run ``hook`` in the loop callback that follows the caller's slice, with every other
+        hook given during that slice, in order, each its own failure boundary.
+
+        This is a subscriber's end of its tick (a SIP leg sends its packet there, after the
+        call's tick handed it the frame: ``carriers/sip/leg.py``). It is per slice, not per
+        tick, so that the calls of the first slices do not wait for the last slice to get their
+        packets out, and one loop callback serves the whole slice instead of one per leg. The
+        callback is scheduled by the slice's first hook, so the next slice (scheduled when the
+        slice ends) comes after it; a hook given while the batch runs waits for the next one.
+        Without a running clock (tests that tick by hand) the running loop serves it."""
+        pending = self._after_slice
+        if not pending:
+            loop = self._loop
+            if loop is None:
+                loop = asyncio.get_running_loop()
+            loop.call_soon(self._run_after_slice)
+        pending.append(hook)
+
+    def _run_after_slice(self) -> None:
+        pending, self._after_slice = self._after_slice, []
+        for hook in pending:
+            try:
+                hook()
+            except Exception:
+                log.exception("media clock: after-slice hook failed")
 
     def start(self) -> None:
         if self._task is None:
