@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from appbridge.clock import Clock, SystemClock
 from appbridge.env_knobs import positive_from_env
@@ -201,7 +201,10 @@ class MediaClock:
     def _run_slice(self, size: int | None) -> None:
         """Tick the next ``size`` subscribers (all when None). Each subscriber is its own
         failure boundary; one that failed is removed."""
-        order, tick, now, subscribers = self._order, self.tick, self.now, self._subscribers
+        order, tick, subscribers = self._order, self.tick, self._subscribers
+        # Boxed once per slice: compiled, an int or float argument is boxed at every call.
+        tick_arg: Any = tick
+        now_arg: Any = self.now
         start = self._pos
         # Without a running clock (stopped mid-tick) there is no loop to come back on: all now.
         whole = size is None or self._loop is None
@@ -211,7 +214,7 @@ class MediaClock:
             if key not in subscribers:
                 continue  # unsubscribed since the tick began (a call that ended)
             try:
-                fn(tick, now)
+                fn(tick_arg, now_arg)
             except Exception:
                 self.tick_errors += 1
                 subscribers.pop(key, None)
