@@ -86,7 +86,7 @@ class Gateway:
         self.clock: Clock = clock or SystemClock()
         self.catalog = catalog or build_catalog(config)
         self.registry = CallRegistry()
-        self.media_clock = MediaClock(slice_size=slice_from_env())
+        self.media_clock = MediaClock(slice_size=slice_from_env(), clock=self.clock)
         self.metrics = Metrics()
         self.http = http or httpx.AsyncClient(
             timeout=10.0, headers={"User-Agent": "AppBridge"}, follow_redirects=False
@@ -118,7 +118,9 @@ class Gateway:
         # prefers a moment with no call live.
         gc_period_s = period_from_env()
         self.gc_pacer = (
-            GcPacerShell(GcPacer(gc_period_s), idle=lambda: len(self.registry) == 0)
+            GcPacerShell(
+                GcPacer(gc_period_s), clock=self.clock.now, idle=lambda: len(self.registry) == 0
+            )
             if gc_period_s is not None
             else None
         )

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appbridge.calls.carrier_leg import CarrierLeg
+from appbridge.media.media_clock import Tickable
 from appbridge.media.reframe import FrameConverter
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ class _Side:
 
     The side, its bridge, the other side and its leg (whose events are this side) point at one
     another while the bridge runs; when it is over (:meth:`Bridge._finish`) the side lets go of
-    all of them, so that no reference cycle outlives the bridge (issue 7, media/gc_pacer.py),
+    all of them, so that no reference cycle outlives the bridge (the paced collections rely on
+    that: media/gc_pacer.py),
     and whatever the leg still reports is dropped."""
 
     __slots__ = ("bridge", "leg", "other", "outbox", "relayed", "to_other")
@@ -89,7 +91,7 @@ class Bridge:
         a: CarrierLeg,
         b: CarrierLeg,
         *,
-        subscribe: Callable[[Callable[[int], None]], int],
+        subscribe: Callable[[Tickable], int],
         unsubscribe: Callable[[int], None],
         on_done: Callable[[], None],
     ) -> None:
@@ -118,7 +120,7 @@ class Bridge:
         b.attach(self.b)
         self._clock_key = self._subscribe(self._on_tick)
 
-    def _on_tick(self, tick: int) -> None:
+    def _on_tick(self, tick: int, now: float) -> None:
         for side in (self.a, self.b):
             leg, outbox = side.leg, side.outbox
             if leg is None:
@@ -130,7 +132,8 @@ class Bridge:
 
     # -- the end -------------------------------------------------------------------------------
     def party_hung_up(self, side: _Side) -> None:
-        """One party hung up: the other one is hung up too (INTERFACES §6: ``caller_hangup``)."""
+        """One party hung up: the other one is hung up too (docs/protocol-session-v1.md,
+        ``transfer``: either party hanging up ends a bridged call)."""
         if self.done:
             return
         a, b = self._legs

@@ -454,7 +454,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.spawn(self.end("caller_hangup", carrier_gone=True), "end-caller-hangup")
 
     # -- the media clock ------------------------------------------------------------------------
-    def _on_tick(self, tick: int) -> None:
+    def _on_tick(self, tick: int, now: float) -> None:
         leg, queue = self.leg, self.queue
         if leg is None or queue is None:
             return
@@ -465,7 +465,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             heard.tick = tick
         transfer = self.transfer
         if transfer is not None:
-            transfer.on_tick(self.gw.clock.now())
+            transfer.on_tick(now)
         listeners = self.listeners
         outbound = listeners is not None and listeners.wants_outbound
         party, hold = self._party, self.hold_queue

@@ -1,9 +1,9 @@
-"""Full garbage collections in small regular batches, between media ticks (issue 7).
+"""Full garbage collections in small regular batches, between media ticks.
 
 Why: CPython runs a full (oldest-generation) pass only when that generation has grown by a
-quarter, and such a pass walks every live object. Under call churn at 120 calls that was a
-43-120 ms stop of the loop about once a minute, and at 200 calls even a pass every 10 s took
-14-18 ms: the main source of the pacing and latency tails (docs/PERFORMANCE.md).
+quarter, and such a pass walks every live object: with many calls live it stops the loop for
+longer than a 20 ms frame, the main source of pacing and latency tails (figures in
+docs/PERFORMANCE.md).
 
 What:
 
@@ -13,26 +13,23 @@ What:
   rest of the 20 ms frame to itself. ``APPBRIDGE_GC_PERIOD_S`` sets the period; ``0`` keeps
   CPython's own schedule.
 * Each pass ends with ``gc.freeze()``: what survived it moves to the permanent generation, which
-  no pass walks, so the next pass walks only what is newer than ten seconds (3.1 ms on average
-  and 8.8 ms at most in a 160-call churn soak, where a pass over every live call took 10-19 ms
-  at 150-200 calls). Frozen objects are still freed by reference
-  counting when their last reference goes; what the freeze hides is garbage in reference
-  cycles. An ended call forms none (its parts let go of one another as it ends: calls/call.py,
-  net/ws_client.py, net/ws_fastpath.py, carriers/sip/; tests/integration/
-  test_teardown_cycles.py proves it per carrier), so this loses nothing in the steady state.
+  no pass walks, so the next pass walks only what is newer than ten seconds, not every live
+  call. Frozen objects are still freed by reference counting when their last reference goes;
+  what the freeze hides is garbage in reference cycles. An ended call forms none (its parts let
+  go of one another as it ends: calls/call.py, net/ws_client.py, net/ws_fastpath.py,
+  carriers/sip/; tests/integration/test_teardown_cycles.py proves it per carrier), so this loses
+  nothing in the steady state.
 * A pass also comes early, once the objects made since the last one are enough to make it long:
-  after :data:`GROWTH_PASSES` young (generation-1) collections, each of which moved up to about
+  after :data:`GROWTH_PASSES` young (generation-1) collections, each of which moves up to about
   7,000 survivors (CPython's default thresholds, 700 x 10) into the generation the pass walks
   (``gc.get_count()[2]``), and never sooner than :data:`MIN_GAP_S` after the last pass. In the
-  steady state calls make few long-lived objects and the period rules (0-1 young collections
-  in 10 s at 200 calls); while calls arrive fast they make about 150 each, and one pass over
-  ten seconds of a 25-calls-a-second ramp walked 34,000 objects in 11-24 ms where the budget
-  cuts it into passes of at most about 14,000 (issue 7).
+  steady state calls make few long-lived objects and the period rules; while calls arrive fast
+  the budget cuts their objects into passes of at most about 14,000.
 * A *deep* pass (``gc.unfreeze()``, a full pass over everything, freeze again) frees whatever
   cycles did get frozen: when no call is live and the heap (``sys.getallocatedblocks()``) is
   :data:`IDLE_SLACK` above its size after the last deep pass (no call to disturb then), or, under
   load, when the heap has grown :data:`DEEP_GROWTH` times since then (a leak of cycles cannot
-  grow without bound; a deep pass at 200 calls takes about 60 ms, so it must stay rare).
+  grow without bound; a deep pass walks every live call, so it must stay rare).
 
 The decision is sans-I/O (:class:`GcPacer`: time and sizes are arguments); :class:`GcPacerShell`
 wires it to the media clock and the ``gc`` module.
@@ -153,7 +150,10 @@ class GcPacer:
 
 
 class GcPacerShell:
-    """Runs :class:`GcPacer`'s passes off the media clock's ticks (module doc)."""
+    """Runs :class:`GcPacer`'s passes off the media clock's ticks (module doc).
+
+    ``clock`` is the media clock's own clock (the gateway's): a tick's ``now`` decides whether a
+    pass is due, and the same clock says when the pass ended."""
 
     def __init__(
         self,
@@ -199,11 +199,12 @@ class GcPacerShell:
             self._froze = False
         self._loop = None
 
-    def on_tick(self, tick: int) -> None:
-        """A media clock subscriber: when a pass is due, run it right after this tick."""
+    def on_tick(self, tick: int, now: float) -> None:
+        """A media clock subscriber: when a pass is due at the tick's ``now``, run it right
+        after this tick."""
         if self._loop is None or self._pending:
             return
-        if not self.pacer.due(self._clock(), self._grown()):
+        if not self.pacer.due(now, self._grown()):
             return
         self._pending = True
         if self._after_tick is not None:

@@ -1,19 +1,20 @@
-"""How many frames a carrier leg takes per media-clock tick (docs/protocol-session-v1.md, "Output
-events"), and when the output events of what it took were heard.
+"""How many frames a carrier leg takes per media-clock tick (docs/ARCHITECTURE.md, the media
+clock), and when the output events of what it took were heard.
 
 A carrier that buffers (Twilio plays what it receives in order) is kept a small, fixed lead ahead
 of its playout: enough that a late tick never leaves the caller with a gap. The estimate of the
 far end's buffer is frames sent minus ticks elapsed, never below zero; ``clear`` empties it.
 
-docs/protocol-session-v1.md ("Output events") times the output events by what the caller heard:
-``output.started`` when the item began to be heard, ``output.done`` when it was heard completely,
-``mark`` when everything queued before it was heard. The output queue reports them as frames are
-pulled, which on a leg with a lead is up to the lead's length before the far end plays them.
-:class:`HeardLine` holds each event until the frames sent before it have played (the leg's estimate,
-one frame per tick); a leg without a lead (SIP sends each frame on its tick) lets them through at
-once. When ``clear`` drops the lead, what was held is settled by what was heard: a mark becomes
-``cleared: true``, an item whose tail was dropped becomes ``output.interrupted`` with the part
-heard, and an item none of whose audio played never started.
+The session protocol times the output events by what the caller heard
+(docs/protocol-session-v1.md, "Output events" and ``mark``): ``output.started`` when the item
+began to be heard, ``output.done`` when it was heard completely, ``mark`` when everything queued
+before it was heard. The output queue reports them as frames are pulled, which on a leg with a
+lead is up to the lead's length before the far end plays them. :class:`HeardLine` holds each
+event until the frames sent before it have played (the leg's estimate, one frame per tick); a
+leg without a lead (SIP sends each frame on its tick) lets them through at once. When ``clear``
+drops the lead, what was held is settled by what was heard: a mark becomes ``cleared: true``, an
+item whose tail was dropped becomes ``output.interrupted`` with the part heard, and an item none
+of whose audio played never started.
 """
 
 from __future__ import annotations

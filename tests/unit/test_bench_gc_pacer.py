@@ -90,23 +90,23 @@ async def test_each_pass_freezes_its_survivors_and_a_deep_pass_frees_frozen_cycl
     gc.collect()
     frozen_before = gc.get_freeze_count()
     try:
-        shell.on_tick(0)  # the schedule starts
+        shell.on_tick(0, clock.now())  # the schedule starts
         a, b = Node(), Node()
         a.other, b.other = b, a
         clock.advance(1.0)
-        shell.on_tick(1)
+        shell.on_tick(1, clock.now())
         await asyncio.sleep(0)  # a plain pass: the live pair survives it and is frozen
         assert shell.pacer.passes == 1 and shell.pacer.deep_passes == 0
         assert gc.get_freeze_count() >= frozen_before + 2
         alive = weakref.ref(a)
         del a, b  # a cycle dies frozen: a plain pass does not see it
         clock.advance(1.0)
-        shell.on_tick(2)
+        shell.on_tick(2, clock.now())
         await asyncio.sleep(0)
         assert shell.pacer.passes == 2 and alive() is not None
         idle[0], heap[0] = True, 2000  # no call live, and the heap has grown: deep
         clock.advance(1.0)
-        shell.on_tick(3)
+        shell.on_tick(3, clock.now())
         await asyncio.sleep(0)
         assert shell.pacer.deep_passes == 1 and alive() is None
         assert shell.pacer.heap_after_deep == 2000
@@ -122,7 +122,7 @@ async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> 
     shell.start(asyncio.get_running_loop())
     try:
         assert gc.get_threshold() == (before[0], before[1], FULL_PASS_OFF)
-        shell.on_tick(1)  # schedule starts
+        shell.on_tick(1, clock.now())  # schedule starts
         await asyncio.sleep(0)
         assert shell.pacer.passes == 0
 
@@ -133,12 +133,12 @@ async def test_shell_collects_after_a_due_tick_and_restores_the_thresholds() -> 
         a.other, b.other = b, a  # type: ignore[attr-defined]
         del a, b
         clock.advance(2.0)
-        shell.on_tick(2)
-        shell.on_tick(3)  # already pending: one pass only
+        shell.on_tick(2, clock.now())
+        shell.on_tick(3, clock.now())  # already pending: one pass only
         await asyncio.sleep(0)
         assert shell.pacer.passes == 1
         assert shell.pacer.collected >= 2
-        shell.on_tick(4)
+        shell.on_tick(4, clock.now())
         await asyncio.sleep(0)
         assert shell.pacer.passes == 1  # not due again before the period
     finally:
@@ -152,14 +152,14 @@ async def test_shell_runs_an_early_pass_when_young_collections_pile_up() -> None
     shell = GcPacerShell(GcPacer(period_s=10.0), clock=clock.now, grown=lambda: grown[0])
     shell.start(asyncio.get_running_loop())
     try:
-        shell.on_tick(1)  # schedule starts
+        shell.on_tick(1, clock.now())  # schedule starts
         clock.advance(2.0)
         grown[0] = GROWTH_PASSES - 1
-        shell.on_tick(2)
+        shell.on_tick(2, clock.now())
         await asyncio.sleep(0)
         assert shell.pacer.passes == 0
         grown[0] = GROWTH_PASSES
-        shell.on_tick(3)
+        shell.on_tick(3, clock.now())
         await asyncio.sleep(0)
         assert (shell.pacer.passes, shell.pacer.early_passes) == (1, 1)
         assert gc.get_count()[2] == 0  # the pass itself started the count again
@@ -171,14 +171,14 @@ async def test_with_the_media_clock_the_pass_waits_for_the_ticks_last_slice() ->
     from appbridge.media.media_clock import MediaClock
 
     clock = VirtualClock()
-    media = MediaClock(slice_size=1)
+    media = MediaClock(slice_size=1, clock=clock)
     media._loop = asyncio.get_running_loop()  # what MediaClock.start() sets
     shell = GcPacerShell(GcPacer(period_s=2.0), clock=clock.now)
     shell.start(asyncio.get_running_loop(), media.call_after_tick)
     seen: list[str] = []
     try:
         media.subscribe(shell.on_tick)
-        media.subscribe(lambda tick: seen.append(f"call@{tick}:passes={shell.pacer.passes}"))
+        media.subscribe(lambda tick, now: seen.append(f"call@{tick}:passes={shell.pacer.passes}"))
         media.run_tick()  # starts the schedule
         clock.advance(2.0)
         media.begin_tick()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from appbridge.media.codecs import PCMU_8K
 from appbridge.media.media_clock import MediaClock
 from appbridge.media.output_queue import OutputDone, OutputInterrupted, OutputQueue, OutputStarted
@@ -31,7 +33,7 @@ def make_call(lead: int) -> tuple[OutputQueue, LeadPacer, FarEnd, list[object], 
     events: list[object] = []
     clock = MediaClock()
 
-    def on_tick(tick: int) -> None:
+    def on_tick(tick: int, now: float) -> None:
         far.tick()
         for _ in range(pacer.frames_wanted(not queue.is_empty)):
             frame, evs = queue.pull_frame()
@@ -100,11 +102,11 @@ def test_a_failing_subscriber_is_removed_and_others_keep_ticking() -> None:
     clock = MediaClock()
     ticks: list[int] = []
 
-    def bad(tick: int) -> None:
+    def bad(tick: int, now: float) -> None:
         raise RuntimeError("boom")
 
     clock.subscribe(bad)
-    clock.subscribe(ticks.append)
+    clock.subscribe(lambda tick, now: ticks.append(tick))
     clock.run_tick()
     clock.run_tick()
     assert ticks == [1, 2]
@@ -126,7 +128,7 @@ async def test_a_sliced_tick_lets_other_callbacks_run_between_slices() -> None:
     seen: list[str] = []
 
     def sub(name: str, action: object = None) -> int:
-        def on_tick(tick: int) -> None:
+        def on_tick(tick: int, now: float) -> None:
             seen.append(f"{name}@{tick}")
             if callable(action):
                 action()
@@ -158,8 +160,8 @@ async def test_a_tick_never_overlaps_the_next_one() -> None:
     clock = MediaClock(slice_size=1)
     clock._loop = asyncio.get_running_loop()
     seen: list[str] = []
-    clock.subscribe(lambda tick: seen.append(f"x@{tick}"))
-    clock.subscribe(lambda tick: seen.append(f"y@{tick}"))
+    clock.subscribe(lambda tick, now: seen.append(f"x@{tick}"))
+    clock.subscribe(lambda tick, now: seen.append(f"y@{tick}"))
     clock.begin_tick()
     clock._run_slice(1)
     assert seen == ["x@1"]
@@ -180,9 +182,40 @@ async def test_a_clock_stopped_mid_tick_finishes_it_in_the_pending_slice() -> No
     clock._loop = asyncio.get_running_loop()
     seen: list[str] = []
     for name in "xyz":
-        clock.subscribe(lambda tick, name=name: seen.append(f"{name}@{tick}"))
+        clock.subscribe(lambda tick, now, name=name: seen.append(f"{name}@{tick}"))
     clock.begin_tick()
     clock._run_slice(1)
     clock._loop = None  # what stop() leaves behind
     await asyncio.sleep(0)
     assert seen == ["x@1", "y@1", "z@1"] and not clock.in_tick
+
+
+async def test_every_subscriber_of_a_tick_gets_the_same_now_read_once_per_tick() -> None:
+    """``now`` is read from the clock when the tick begins and passed to every subscriber, in
+    every slice of the tick, even when the clock moves on while the tick runs."""
+    import asyncio
+
+    from appbridge.clock import VirtualClock
+
+    clock = VirtualClock(start=100.0)
+    media = MediaClock(slice_size=2, clock=clock)
+    media._loop = asyncio.get_running_loop()  # what start() sets; the test drives the ticks
+    seen: list[tuple[str, int, float]] = []
+
+    def sub(name: str) -> None:
+        def on_tick(tick: int, now: float) -> None:
+            seen.append((name, tick, now))
+            clock.advance(0.001)  # each call's work takes a while
+
+        media.subscribe(on_tick)
+
+    for name in "abc":
+        sub(name)
+    media.begin_tick()
+    media._run_slice(media.slice_size)
+    await asyncio.sleep(0)  # the second slice
+    assert seen == [("a", 1, 100.0), ("b", 1, 100.0), ("c", 1, 100.0)]
+    assert media.now == 100.0 and not media.in_tick
+    clock.advance(0.017)
+    media.run_tick()
+    assert [now for _, tick, now in seen if tick == 2] == [pytest.approx(100.020)] * 3

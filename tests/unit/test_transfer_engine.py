@@ -138,7 +138,7 @@ class Rig:
             self.clock.advance(0.02)
             self._tick += 1
             for fn in list(self.gw.media_clock._subscribers.values()):
-                fn(self._tick)
+                fn(self._tick, self.clock.now())
             await settle()
 
     async def command(self, msg: dict[str, Any]) -> None:

@@ -286,6 +286,7 @@ class SipInbound:
         leg = SipLeg(
             negotiated,
             clock=self.gw.clock,
+            defer=self.gw.media_clock.call_after_slice,
             send_datagram=rtp.send,
             on_hangup=lambda: self._hangup_from_app(sc),
         )

@@ -7,8 +7,9 @@ sampling clock), so the leg sends exactly one packet per media-clock tick. The c
 (``calls/call.py``) asks ``frames_wanted`` once per tick and then hands over at most one frame
 with ``send_frame``; when its queue is empty it hands over nothing. The leg therefore *holds*
 the tick's frame and finishes the tick itself, just after the engine's tick runs
-(``frames_wanted`` defers :meth:`SipLeg.end_tick` to one loop callback for all legs,
-:class:`TickEnds`): it sends the frame, or the codec's silence when none came, or RFC 4733
+(``frames_wanted`` defers :meth:`SipLeg.end_tick` to the media clock's one loop callback after
+the slice of calls being ticked, ``MediaClock.call_after_slice``, given to the leg when it is
+made): it sends the frame, or the codec's silence when none came, or RFC 4733
 event packets while a ``dtmf.send`` plays (the audio clock then keeps running with
 ``RtpSender.skip``, RFC 4733 §2.5.1.2). The same hook plays
 the caller's side out of the jitter buffer: one ``on_carrier_audio`` per frame due (gaps get
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, cast
@@ -102,52 +102,6 @@ class LegSignalling(Protocol):
     async def refer(self, target: str, headers: dict[str, str] | None) -> None: ...
 
 
-class TickEnds:
-    """The end-of-tick hooks of every SIP leg on one event loop, run in one loop callback.
-
-    Each leg finishes its tick just after the engine's tick (module doc). Scheduling one
-    ``call_soon`` per leg cost a loop handle per call every 20 ms (issue 7); the first leg of a
-    tick schedules this batch instead, and the others join it, in the same order. Each hook is
-    its own failure boundary, as a separate loop callback was.
-    """
-
-    __slots__ = ("__weakref__", "_loop", "_pending")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)  # the registry below is keyed by the loop: no cycle
-        self._pending: list[Callable[[], None]] = []
-
-    def add(self, hook: Callable[[], None]) -> None:
-        pending = self._pending
-        if not pending:
-            loop = self._loop()
-            if loop is None:
-                return  # the loop is gone: no tick will end
-            loop.call_soon(self._run)
-        pending.append(hook)
-
-    def _run(self) -> None:
-        pending, self._pending = self._pending, []
-        for hook in pending:
-            try:
-                hook()
-            except Exception:
-                log.exception("SIP leg: end of media tick failed")
-
-
-_TICK_ENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TickEnds] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def tick_ends(loop: asyncio.AbstractEventLoop) -> TickEnds:
-    """The :class:`TickEnds` batch of ``loop``."""
-    batch = _TICK_ENDS.get(loop)
-    if batch is None:
-        batch = _TICK_ENDS[loop] = TickEnds(loop)
-    return batch
-
-
 class SipLeg:
     """One SIP call's media, seen from the call engine (module doc)."""
 
@@ -164,9 +118,9 @@ class SipLeg:
         negotiated: NegotiatedAudio,
         *,
         clock: Clock,
+        defer: Callable[[Callable[[], None]], None],
         send_datagram: Callable[[bytes, Address], None] | None = None,
         on_hangup: Callable[[], Awaitable[None]] | None = None,
-        defer: Callable[[Callable[[], None]], Any] | None = None,
         ssrc: int | None = None,
         initial_sequence: int | None = None,
         initial_timestamp: int | None = None,
@@ -269,10 +223,7 @@ class SipLeg:
             return 1
         if not self.closed:
             self._tick_open = True
-            defer = self._defer
-            if defer is None:
-                defer = self._defer = tick_ends(asyncio.get_running_loop()).add
-            defer(self._end_tick_now)
+            self._defer(self._end_tick_now)
         return 1
 
     def send_frame(self, frame: bytes) -> None:
@@ -283,10 +234,11 @@ class SipLeg:
 
     def clear_output(self) -> None:
         """``clear`` (and hold, a bridge): the caller's next packet, silence, leaves now rather
-        than on the next tick, up to 20 ms sooner (issue 7: clear-to-silence). The stream is then
-        one packet ahead of its clock; the next tick with nothing to play sends nothing, so the
-        rate stays one packet per 20 ms and the RTP timestamps run on unbroken (RFC 3550 §5.1).
-        Within a tick (its frame handed over, not yet sent) the frame is dropped instead."""
+        than on the next tick, up to 20 ms sooner (docs/protocol-session-v1.md, ``clear``). The
+        stream is then one packet ahead of its clock; the next tick with nothing to play sends
+        nothing, so the rate stays one packet per 20 ms and the RTP timestamps run on unbroken
+        (RFC 3550 §5.1). Within a tick (its frame handed over, not yet sent) the frame is
+        dropped instead."""
         if self._tick_open:
             self._pending = None  # the tick still to finish sends silence
             return
@@ -326,7 +278,7 @@ class SipLeg:
 
     async def refer(self, target: str, headers: dict[str, str] | None) -> None:
         """RFC 3515 REFER of the remote party to ``target``; returns after the NOTIFY reported
-        success and our BYE went out (``refer.py``, INTERFACES §6)."""
+        success and our BYE went out (``refer.py``; docs/protocol-session-v1.md, ``transfer``)."""
         if self.signalling is None:
             raise TransferError("transfer_failed", "this SIP leg cannot REFER")
         await self.signalling.refer(target, headers)
@@ -387,7 +339,8 @@ class SipLeg:
 
     def _play_ready(self, now: float) -> None:
         """Frames whose packets are here, in sequence, go on at once: the app and the ears need
-        no playout smoothing (issue 7: inbound added latency p99 5 ms); gaps wait for the tick."""
+        no playout smoothing, and every tick of waiting is added latency; gaps wait for the
+        tick."""
         self._play_in(now, self.jitter.pop_ready)
 
     def _play_in(
@@ -469,7 +422,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
     def close(self) -> None:
         # The leg sends through this protocol (a bound method) and this protocol feeds the leg:
         # once the port closes, let go of the leg, so that no reference cycle outlives the call
-        # (issue 7, media/gc_pacer.py).
+        # (the paced collections rely on that: media/gc_pacer.py).
         self.leg = None
         self.closed = True
         if self.transport is not None:

@@ -114,7 +114,9 @@ class SipOutbound(SipUac):
     def __init__(
         self, gw: CarrierServices, transport: SipTransport, cfg: SipConfig, pool: RtpPortPool
     ) -> None:
-        super().__init__(gw.clock, transport, cfg, pool)
+        super().__init__(
+            gw.clock, transport, cfg, pool, after_slice=gw.media_clock.call_after_slice
+        )
         self.gw = gw
         self._watchers: set[asyncio.Task[None]] = set()
 

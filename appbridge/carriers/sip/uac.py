@@ -35,7 +35,7 @@ import ipaddress
 import logging
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -125,9 +125,17 @@ class SipUac:
     carries the REFERs of every call (``refers``), whose NOTIFYs arrive the same way."""
 
     def __init__(
-        self, clock: Clock, transport: SipTransport, cfg: SipConfig, pool: RtpPortPool
+        self,
+        clock: Clock,
+        transport: SipTransport,
+        cfg: SipConfig,
+        pool: RtpPortPool,
+        *,
+        after_slice: Callable[[Callable[[], None]], None],
     ) -> None:
         self.clock = clock
+        #: Where the legs end their ticks (``MediaClock.call_after_slice``, leg.py).
+        self.after_slice = after_slice
         self.transport = transport
         self.cfg = cfg
         self.pool = pool
@@ -386,6 +394,7 @@ class SipUac:
         leg = SipLeg(
             negotiated,
             clock=self.clock,
+            defer=self.after_slice,
             send_datagram=d.rtp.send,
             on_hangup=lambda: self._hangup_leg(d),
         )

@@ -24,6 +24,7 @@ from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
 from appbridge.carriers.sip.uac import SipUac
 from appbridge.clock import VirtualClock
 from appbridge.config import SipConfig, SipTrunk
+from appbridge.media.media_clock import MediaClock
 
 TRUNK = SipTrunk(name="main", host="127.0.0.1", port=5099)
 OTHER = SipTrunk(name="other", host="198.51.100.9", port=5060, allow=("198.51.100.0/24",))
@@ -98,7 +99,13 @@ def make_uac(low: int) -> tuple[SipUac, FakeTransport, VirtualClock]:
         public_address=None,
         trunks=(TRUNK, OTHER),
     )
-    uac = SipUac(clock, cast(SipTransport, transport), cfg, RtpPortPool(low, low + 19))
+    uac = SipUac(
+        clock,
+        cast(SipTransport, transport),
+        cfg,
+        RtpPortPool(low, low + 19),
+        after_slice=MediaClock(clock=clock).call_after_slice,
+    )
     return uac, transport, clock
 
 

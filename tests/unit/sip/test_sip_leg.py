@@ -16,6 +16,7 @@ from appbridge.carriers.sip.sdp import G722, PCMU, Codec
 from appbridge.clock import VirtualClock
 from appbridge.media.codecs import PCM16_16K
 from appbridge.media.g722 import G722Decoder, G722Encoder
+from appbridge.media.media_clock import MediaClock
 from appbridge.testing.audio import dominant_freq, tone_pcm16
 
 PEER = ("127.0.0.1", 40000)
@@ -241,16 +242,13 @@ def test_rtp_sources_reach_the_leg_as_host_and_port() -> None:
         assert leg.receiver.latched_address == latched
 
 
-async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -> None:
-    """One loop callback per tick for every SIP leg (``TickEnds``), each hook its own
-    failure boundary; a hook added while the batch runs waits for the next one."""
+async def test_the_legs_of_one_slice_end_their_ticks_in_one_callback_in_order() -> None:
+    """One loop callback per slice for every SIP leg (``MediaClock.call_after_slice``), each
+    hook its own failure boundary; a hook added while the batch runs waits for the next one."""
     import asyncio
 
-    from appbridge.carriers.sip.leg import tick_ends
-
     loop = asyncio.get_running_loop()
-    batch = tick_ends(loop)
-    assert tick_ends(loop) is batch
+    media = MediaClock(clock=VirtualClock())
     ran: list[str] = []
 
     def failing() -> None:
@@ -262,12 +260,12 @@ async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -
 
     def first() -> None:
         ran.append("first")
-        batch.add(late)  # scheduled from inside the batch: the next callback runs it
+        media.call_after_slice(late)  # scheduled from inside the batch: the next callback runs it
 
     scheduled_before = len(loop._ready) if hasattr(loop, "_ready") else None  # asyncio's own
-    batch.add(first)
-    batch.add(failing)
-    batch.add(lambda: ran.append("third"))
+    media.call_after_slice(first)
+    media.call_after_slice(failing)
+    media.call_after_slice(lambda: ran.append("third"))
     if scheduled_before is not None:
         assert len(loop._ready) == scheduled_before + 1  # one handle for the three hooks
     await asyncio.sleep(0)
@@ -276,13 +274,17 @@ async def test_the_legs_of_one_loop_end_their_ticks_in_one_callback_in_order() -
     assert ran == ["first", "fails", "third", "late"]
 
 
-async def test_a_leg_without_an_injected_defer_ends_its_tick_after_the_engine() -> None:
+async def test_a_leg_on_the_media_clock_ends_its_tick_after_the_engine() -> None:
     import asyncio
 
     neg = make_leg()[0].negotiated
     sent: list[RtpPacket] = []
+    clock = VirtualClock()
     leg = SipLeg(
-        neg, clock=VirtualClock(), send_datagram=lambda d, a: sent.append(RtpPacket.parse(d))
+        neg,
+        clock=clock,
+        defer=MediaClock(clock=clock).call_after_slice,
+        send_datagram=lambda d, a: sent.append(RtpPacket.parse(d)),
     )
     leg.attach(Events())
     assert leg.frames_wanted(True) == 1
@@ -290,6 +292,79 @@ async def test_a_leg_without_an_injected_defer_ends_its_tick_after_the_engine() 
     assert sent == []  # held until the engine's tick is over
     await asyncio.sleep(0)
     assert [p.payload for p in sent] == [b"\x01" * 160]
+
+
+def _media_leg(
+    media: MediaClock, clock: VirtualClock, seen: list[str]
+) -> tuple[SipLeg, list[RtpPacket]]:
+    """A leg that ends its ticks on ``media``; each packet it sends is noted in ``seen``."""
+    neg = make_leg()[0].negotiated
+    sent: list[RtpPacket] = []
+
+    def send(data: bytes, addr: object) -> None:
+        sent.append(RtpPacket.parse(data))
+        seen.append(f"packet {len(sent)}")
+
+    leg = SipLeg(neg, clock=clock, defer=media.call_after_slice, send_datagram=send)
+    leg.attach(Events())
+    return leg, sent
+
+
+async def test_the_legs_packet_leaves_once_per_tick_after_every_subscribers_tick() -> None:
+    """The engine's tick hands the frame over; the packet leaves after every subscriber of the
+    tick has been ticked (all in one slice here), once per tick, with that tick's frame."""
+    import asyncio
+
+    clock = VirtualClock()
+    media = MediaClock(clock=clock)
+    seen: list[str] = []
+    leg, sent = _media_leg(media, clock, seen)
+
+    def call_tick(tick: int, now: float) -> None:  # what calls/call.py does with a SIP leg
+        seen.append(f"call@{tick}")
+        for _ in range(leg.frames_wanted(True)):
+            leg.send_frame(bytes([tick]) * 160)
+
+    media.subscribe(lambda tick, now: seen.append(f"before@{tick}"))
+    media.subscribe(call_tick)
+    media.subscribe(lambda tick, now: seen.append(f"after@{tick}"))
+    for tick in (1, 2, 3):
+        media.run_tick()
+        assert len(sent) == tick - 1  # nothing leaves inside the tick
+        await asyncio.sleep(0)
+        clock.advance(0.020)
+    expected: list[str] = []
+    for tick in (1, 2, 3):
+        expected += [f"before@{tick}", f"call@{tick}", f"after@{tick}", f"packet {tick}"]
+    assert seen == expected
+    assert [p.payload for p in sent] == [bytes([t]) * 160 for t in (1, 2, 3)]
+    assert [p.sequence for p in sent] == [sent[0].sequence + i for i in range(3)]
+
+
+async def test_in_a_sliced_tick_the_legs_packet_leaves_before_the_next_slice() -> None:
+    """With the tick in slices the packets of a slice's calls leave right after that slice,
+    before the next one is ticked: the first slices do not wait for the last."""
+    import asyncio
+
+    clock = VirtualClock()
+    media = MediaClock(slice_size=1, clock=clock)
+    media._loop = asyncio.get_running_loop()  # what start() sets; the test drives the ticks
+    seen: list[str] = []
+    leg, sent = _media_leg(media, clock, seen)
+
+    def call_tick(tick: int, now: float) -> None:
+        seen.append(f"call@{tick}")
+        leg.frames_wanted(False)
+
+    media.subscribe(call_tick)
+    media.subscribe(lambda tick, now: seen.append(f"other@{tick}"))
+    media.begin_tick()
+    media._run_slice(1)
+    assert seen == ["call@1"] and sent == []
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert seen == ["call@1", "packet 1", "other@1"] and not media.in_tick
+    assert sent[0].payload == b"\xff" * 160  # nothing handed over: the codec's silence
 
 
 def _udp_port_bound(port: int) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appbridge.media import g722, offer_answer, sdp
+from appbridge.carriers.sip import offer_answer, sdp
+from appbridge.media import g722
 
 pytestmark = pytest.mark.skipif(not g722.AVAILABLE, reason="the G722 package is not installed")
 
