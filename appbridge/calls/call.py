@@ -36,28 +36,32 @@ import asyncio
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
-from appbridge.apps.link import AppLink, AppUnreachable, dial
+from appbridge.apps.link import AppLink
 from appbridge.apps.listeners import ListenerSet
+from appbridge.calls.adapters import CoreAdapter
+from appbridge.calls.app_session import (
+    DialResult,
+    dial_with_fallbacks,
+    session_format_for,
+    session_start,
+)
 from appbridge.calls.bridge import Bridge
 from appbridge.calls.carrier_leg import CarrierLeg
 from appbridge.calls.commands import CommandShell
 from appbridge.calls.core import CallCore
+from appbridge.calls.handoff import hand_off
 from appbridge.calls.listening import Ears
 from appbridge.calls.state import CallState
 from appbridge.calls.transfer import TransferFlow
 from appbridge.config import AppConfig
-from appbridge.media.codecs import PCMU_8K, AudioFormat
+from appbridge.media.codecs import AudioFormat
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
-from appbridge.net.plaintext import redact_url
 from appbridge.protocol import session_v1 as sv1
-from appbridge.speech.base import TtsProvider, VoiceInfo
 from appbridge.weakable import Weakable
 
 if TYPE_CHECKING:
@@ -66,23 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_FALLBACK_HOPS: Final = 4
-
-
-def session_format_for(app: AppConfig) -> AudioFormat:
-    """The audio format of the app's session: its ``audio``, or µ-law 8 kHz in the Twilio
-    dialect (docs/configuration.md, `[[apps]]`)."""
-    if app.protocol == "twilio":
-        return PCMU_8K
-    return AudioFormat(app.audio.codec, app.audio.rate)
-
-
-@dataclass
-class DialResult:
-    """What dialing an app (and its fallbacks) came to: a link, a message to speak, or nothing."""
-
-    app: AppConfig | None = None
-    link: AppLink | None = None
-    message: str | None = None
 
 
 class Call(Weakable):  # Weakable: the command handler holds it through a weak reference
@@ -116,7 +103,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.ears: Ears | None = None
         # The ears listen in pcm16; when that is the session's format too, the frames converted
         # for the app serve them as they are (one conversion per frame, not two). Kept by
-        # _sync_ears and _use_app, so that no frame compares the two formats.
+        # _sync_ears and use_app, so that no frame compares the two formats.
         self._ears_share_frames = False
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
@@ -128,7 +115,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         sip = self.config.sip
         self.core = CallCore(
             call_ref,
-            _Services(self),
+            CoreAdapter(self),
             session_format=self.session_format,
             app_refs=frozenset(self.config.apps),
             trunk_hosts=frozenset(t.host for t in sip.trunks) if sip is not None else frozenset(),
@@ -139,13 +126,13 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.commands = CommandShell(self)
         self._clock_key: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._ending = False
+        self.ending = False
         self._in_conv: FrameConverter | None = None
         self._out_conv: FrameConverter | None = None  # carrier → session format, for listeners
         self.transfer: TransferFlow | None = None  # the transfer under way, if any
-        self._party: CarrierLeg | None = None  # a warm transfer's new party, while consulted
-        self._party_in: FrameConverter | None = None  # party → caller leg format
-        self._party_out: FrameConverter | None = None  # caller leg format → party
+        self.party: CarrierLeg | None = None  # a warm transfer's new party, while consulted
+        self.party_in: FrameConverter | None = None  # party → caller leg format
+        self.party_out: FrameConverter | None = None  # caller leg format → party
         self.bridge: Bridge | None = None  # the caller and a new party, joined
         self.ended = asyncio.Event()
         self.frames_in = 0
@@ -205,49 +192,20 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self.spawn(self.end("error"), "end-after-failure")
 
     # -- reaching an app --------------------------------------------------------------------
-    async def dial_app(self, app: AppConfig | None) -> DialResult:
-        """Dial ``app``, following its fallback rules (docs/protocol-session-v1.md, "Connection and
-        frames")."""
-        hops = 0
-        while app is not None:
-            try:
-                link = await dial(
-                    app.url,
-                    secret=self.gw.signing_secret(app),
-                    clock=self.gw.clock,
-                    ssl_context=self.gw.ssl_context,
-                )
-            except AppUnreachable as exc:
-                log.warning(
-                    "call %s: app %s (%s) unreachable after %d attempt(s): %s",
-                    self.call_ref,
-                    app.ref,
-                    redact_url(app.url),
-                    exc.attempts,
-                    exc.last_error,
-                )
-                self.gw.metrics.app_unreachable += 1
-                fallback = app.fallback
-                hops += 1
-                if fallback is not None and fallback.message:
-                    return DialResult(app=app, message=fallback.message)
-                if fallback is not None and fallback.app and hops < MAX_FALLBACK_HOPS:
-                    app = self.config.apps.get(fallback.app)
-                    continue
-                return DialResult()
-            return DialResult(app=app, link=link)
-        return DialResult()
+    async def dial_app(self, app: AppConfig) -> DialResult:
+        """Dial ``app`` and, failing that, its fallbacks (``calls/app_session.py``)."""
+        return await dial_with_fallbacks(self.gw, self.config, app, self.call_ref)
 
     async def connect_app(self) -> bool:
         """Dial the routed app. True when the call should be answered."""
         result = await self.dial_app(self.app)
-        if self._ending:
+        if self.ending:
             if result.link is not None:
                 result.link.close(1001, "call ended")
             return False
         if result.link is not None and result.app is not None:
             self.link = result.link
-            self._use_app(result.app)
+            self.use_app(result.app)
             return True
         if result.message is not None:
             self.fallback_message = result.message
@@ -276,7 +234,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self.spawn(ears.close(), "ears-close")
         self._ears_share_frames = self.ears is not None and self.ears.format == self.session_format
 
-    def _use_app(self, app: AppConfig) -> None:
+    def use_app(self, app: AppConfig) -> None:
         self.app = app
         self._sync_ears()
         fmt = session_format_for(app)
@@ -301,38 +259,30 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
         if self.link is not None:
-            self._start_session(handoff=None)
+            self.start_session(handoff=None)
         elif self.fallback_message is not None:
             self.lifecycle.move(CallState.FALLBACK)
             self.commands.run(self.core.speak_fallback(self.fallback_message))
         else:
             self.spawn(self.end("error"), "end-no-app")
 
-    def _start_session(self, handoff: Any) -> None:
+    def start_session(self, handoff: Any) -> None:
         assert self.link is not None
         self.session_ref = str(uuid.uuid4())
         self.lifecycle.move(CallState.ACTIVE)
         self._session_started_at = self.gw.clock.now()
         app = self.app
         self.encoder = encoder_for(app.protocol, app.workspace_ref)
-        fmt = self.session_format
-        codec = cast(sv1.Codec, fmt.codec)
-        rate = cast(sv1.RateHz, fmt.rate_hz)
-        start = sv1.SessionStart(
-            session_ref=self.session_ref,
-            call_ref=self.call_ref,
-            app_ref=app.ref,
+        start = session_start(
+            self.session_ref,
+            self.call_ref,
+            app,
+            self.session_format,
             direction=self.direction,
             from_=self.from_,
             to=self.to,
             metadata=self.metadata,
             handoff=handoff,
-            audio=sv1.AudioFormat(codec=codec, rate=rate),
-            tracks=[
-                sv1.Track(id=INBOUND_TRACK, side="inbound", kind="audio", codec=codec),
-                sv1.Track(id=OUTBOUND_TRACK, side="outbound", kind="audio", codec=codec),
-            ],
-            speech=sv1.SpeechDefaults(voice=app.speech.voice, language=app.speech.language),
         )
         encoded = sv1.encode_event(start)
         for message in self.encoder.start(start, encoded):
@@ -402,7 +352,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     # -- carrier events -----------------------------------------------------------------------
     def on_carrier_audio(self, payload: bytes) -> None:
         self.frames_in += 1
-        if self.control.on_hold or self._party is not None:
+        if self.control.on_hold or self.party is not None:
             return  # on hold the app receives no caller frames at all
         transfer = self.transfer
         if transfer is not None and transfer.caller_waiting:
@@ -468,7 +418,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             transfer.on_tick(now)
         listeners = self.listeners
         outbound = listeners is not None and listeners.wants_outbound
-        party, hold = self._party, self.hold_queue
+        party, hold = self.party, self.hold_queue
         if party is None:
             sent = self._feed(leg, hold if hold is not None else queue, None, outbound)
         else:
@@ -476,7 +426,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             # hears the app (with its output events and the listeners' outbound track).
             if hold is not None:
                 self._feed(leg, hold, None, False)
-            sent = self._feed(party, queue, self._party_out, outbound)
+            sent = self._feed(party, queue, self.party_out, outbound)
         if outbound and not sent:
             # Listeners of the outbound track get a continuous timeline: silence when idle.
             self._send_outbound(queue.silence_frame)
@@ -544,129 +494,34 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     # -- transfers (calls/transfer.py) ----------------------------------------------------------
     def active_leg(self) -> CarrierLeg | None:
         """Where the app's output and keypresses go: a consulted party, else the caller."""
-        return self._party if self._party is not None else self.leg
+        return self.party if self.party is not None else self.leg
 
     def caller_id(self) -> str:
         """The number a new party sees: the gateway's own side of this call."""
         return self.to if self.direction == "inbound" else self.from_
 
-    def start_transfer(self, flow: TransferFlow) -> None:
-        if self.control.resume():
-            self.stop_hold()  # the transfer's own waiting takes the place of a hold
-        self.transfer = flow
-        self.control.transfer_pending = flow.mode
-        self.control.transfer_id = flow.command_id
-        self.spawn(flow.run(), "transfer")
-
-    def start_transfer_wait(self, music: OutputQueue) -> None:
-        """The caller waits (music or ringback), unheard, while the new party is dialed."""
-        self.start_hold(music)
-
-    def stop_transfer_wait(self) -> None:
-        """The caller is back with the app."""
-        party = self._party
-        self._party = None
-        self._party_in = self._party_out = None
-        if party is not None and self.queue is not None:
-            party.clear_output()
-        self.stop_hold()
-
-    def start_consultation(self, party: CarrierLeg) -> None:
-        """A warm transfer's party answered: it takes the caller's place toward the app."""
-        leg = self.leg
-        assert leg is not None
-        self._party_in = FrameConverter(party.audio_format, leg.audio_format)
-        self._party_out = FrameConverter(leg.audio_format, party.audio_format)
-        self._party = party
-        party.attach(_PartyEvents(self))
-        if self.ears is not None:
-            self.ears.resume()  # the turn detector now hears the party
-
     def on_party_audio(self, payload: bytes) -> None:
-        conv = self._party_in
+        conv = self.party_in
         if conv is None or self.control.on_hold:
             return
         for frame in conv.convert(payload):
             self._deliver(frame)
 
     def on_party_hangup(self) -> None:
-        if self.transfer is not None and self._party is not None:
+        if self.transfer is not None and self.party is not None:
             self.transfer.on_party_hangup()
 
-    def transfer_over(self, flow: TransferFlow) -> None:
-        """A transfer failed or was cancelled: the call goes on as before it."""
-        if self.transfer is flow:
-            self.transfer = None
-            self.control.transfer_pending = None
-            self.control.transfer_id = None
-
-    def bridge_with(self, party: CarrierLeg) -> None:
-        """Join the caller and ``party`` (module doc); the session ends next, the call lives
-        on in state ``bridged``."""
-        leg = self.leg
-        assert leg is not None
-        self._party = None
-        self._party_in = self._party_out = None
-        self.hold_queue = None
-        leg.clear_output()
-        media_clock = self.gw.media_clock
-        bridge = Bridge(
-            self.call_ref,
-            leg,
-            party,
-            subscribe=media_clock.subscribe,
-            unsubscribe=media_clock.unsubscribe,
-            on_done=self._bridge_done,
-        )
-        self.bridge = bridge
-        bridge.start()
-        log.info("call %s: caller and new party bridged", self.call_ref)
-
-    def _bridge_done(self) -> None:
+    def bridge_done(self) -> None:
+        """The bridge is over: a call whose session ended already is finished now."""
         if self.lifecycle.state is CallState.BRIDGED:
             self._finish()
         # else: the session is still closing; ``end`` finishes the call when it is done
 
     async def handoff(self, target_ref: str, payload: Any, command_id: str | None) -> None:
-        """``handoff`` (docs/protocol-session-v1.md, "Call control"), accepted by the core: the
-        call and the carrier leg stay up; only the app link changes."""
-        relates_to = command_id or "handoff"
-        result = await self.dial_app(self.config.apps[target_ref])
-        if self._ending:
-            self.core.handoff_over(False)
-            if result.link is not None:
-                result.link.close(1001, "call ended")
-            return
-        if result.link is None and result.message is None:
-            self.core.handoff_over(False)
-            self.send_error(
-                "internal",
-                f"handoff: app {target_ref!r} and its fallbacks are unreachable",
-                relates_to,
-            )
-            return
-        self.core.handoff_over(True)
-        self._close_session("handoff", command_id)
-        self.commands.run(self.core.reset_output())
-        if self.control.resume():
-            self.stop_hold()
-        if result.link is not None and result.app is not None:
-            self.link = result.link
-            # The new app listens as its own configuration says, from a fresh start: nothing it
-            # did not subscribe to, and none of the old app's listen.update.
-            self.core.reset_listening()
-            if self.ears is not None:
-                ears, self.ears = self.ears, None
-                self.spawn(ears.close(), "ears-close")
-            self._use_app(result.app)
-            self._start_session(handoff=payload)
-            log.info("call %s handed off to %s", self.call_ref, result.app.ref)
-        else:
-            assert result.message is not None
-            self.lifecycle.move(CallState.FALLBACK)
-            self.commands.run(self.core.speak_fallback(result.message))
+        """``handoff``, accepted by the core (``calls/handoff.py``)."""
+        await hand_off(self, target_ref, payload, command_id)
 
-    def _close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
+    def close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
         """``session.end`` to the app and its listeners, then close them."""
         end = sv1.SessionEnd(reason=reason, id=command_id)
         link = self.link
@@ -698,11 +553,11 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         app_gone: bool = False,
         carrier_gone: bool = False,
     ) -> None:
-        if self._ending:
+        if self.ending:
             if self.bridge is not None and not self.bridge.done:
                 await self.bridge.hangup()  # DELETE or a drain on a bridged call
             return
-        self._ending = True
+        self.ending = True
         self.end_reason = reason
         self.lifecycle.move(CallState.ENDING)
         if self._clock_key is not None:
@@ -717,7 +572,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
                 task.cancel()
         if app_gone:
             self._close_link(reason)  # no session.end to an app that is gone
-        self._close_session(reason, command_id)
+        self.close_session(reason, command_id)
         transfer = self.transfer
         if transfer is not None and self.bridge is None:
             await transfer.abandon()
@@ -761,62 +616,14 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         of the call lives on in the registry as a description."""
         if self.leg is not None:
             self.gw.metrics.audio_dropped_to_carrier += self.leg.audio_dropped
-        self.leg = self._party = None
+        self.leg = self.party = None
         self.ears = None
         self.link = None
         self.listeners = None
         self.transfer = None
         self.bridge = None
         self.queue = self.hold_queue = None
-        self._in_conv = self._out_conv = self._party_in = self._party_out = None
-
-
-class _Services:
-    """What the call core asks of the world (``calls/core.CoreServices``), answered from the
-    call. It holds the call weakly: the call owns the core, and an ended call must form no
-    reference cycle (media/gc_pacer.py)."""
-
-    __slots__ = ("_call",)
-
-    def __init__(self, call: Call) -> None:
-        self._call = weakref.ref(call)
-
-    def _get(self) -> Call:
-        call = self._call()
-        if call is None:
-            raise ReferenceError("the call these services answered for is gone")
-        return call
-
-    def voice_for(
-        self, voice: str | None, language: str | None
-    ) -> tuple[TtsProvider, VoiceInfo, str]:
-        call = self._get()
-        return call.gw.catalog.voice_for(voice, language, call.app.speech)
-
-    def check_language(self, tag: str) -> str:
-        return self._get().gw.catalog.check_language(tag)
-
-    def unplayed_frames(self) -> int:
-        leg = self._get().active_leg()
-        return leg.unplayed_frames() if leg is not None else 0
-
-
-class _PartyEvents:
-    """A warm transfer's new party, reporting to the call (``Call.start_consultation``)."""
-
-    __slots__ = ("call",)
-
-    def __init__(self, call: Call) -> None:
-        self.call = call
-
-    def on_carrier_audio(self, payload: bytes) -> None:
-        self.call.on_party_audio(payload)
-
-    def on_carrier_dtmf(self, digit: str) -> None:
-        self.call.on_carrier_dtmf(digit)  # the party's keypresses reach the app too
-
-    def on_carrier_hangup(self) -> None:
-        self.call.on_party_hangup()
+        self._in_conv = self._out_conv = self.party_in = self.party_out = None
 
 
 def _iso(wall: float | None) -> str | None:

@@ -37,7 +37,7 @@ from appbridge.calls.effects import (
     UpdateEars,
     Utterance,
 )
-from appbridge.calls.transfer import MUSIC_MAX_MS, TransferFlow, music_queue
+from appbridge.calls.transfer import MUSIC_MAX_MS, TransferFlow, begin_transfer, music_queue
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.fetch import FetchError, fetch_audio
 from appbridge.media.output_queue import OutputQueue, QueueFull, WordTiming
@@ -241,7 +241,7 @@ class CommandShell:
 
     def _start_transfer(self, e: StartTransfer) -> None:
         call = self.call
-        call.start_transfer(TransferFlow(call, e.command))
+        begin_transfer(call, TransferFlow(call, e.command))
 
     def _complete_transfer(self, e: CompleteTransfer) -> None:
         call = self.call

@@ -35,9 +35,12 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from appbridge.calls.adapters import PartyEvents
+from appbridge.calls.bridge import Bridge
 from appbridge.calls.carrier_leg import CarrierLeg, TransferError
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.output_queue import OutputQueue
+from appbridge.media.reframe import FrameConverter
 from appbridge.media.wav import MAX_WAV_SECONDS
 from appbridge.protocol import session_v1 as sv1
 
@@ -127,7 +130,7 @@ class TransferFlow:
     async def _dial_party(self, leg: CarrierLeg) -> None:
         call = self.call
         self.caller_waiting = True
-        call.start_transfer_wait(self._wait_queue(ringback=self.mode == "cold"))
+        _wait(call, self._wait_queue(ringback=self.mode == "cold"))
         self.deadline = call.gw.clock.now() + ANSWER_TIMEOUT_S
         self._dial = asyncio.ensure_future(
             leg.dial_party(
@@ -154,11 +157,11 @@ class TransferFlow:
             return
         if self.mode == "cold":
             self.finished = True
-            call.bridge_with(party)
+            _join(call, party)
             await call.end("transfer", self.command_id)
             return
         self.party = party
-        call.start_consultation(party)
+        _consult(call, party)
         log.info("call %s: warm transfer: %s answered", call.call_ref, self.target)
 
     def _wait_queue(self, *, ringback: bool) -> OutputQueue:
@@ -198,7 +201,7 @@ class TransferFlow:
         party, self.party = self.party, None
         self.finished = True
         call = self.call
-        call.bridge_with(party)
+        _join(call, party)
         call.spawn(call.end("transfer", self.command_id), "end-transfer-complete")
         return None
 
@@ -244,8 +247,8 @@ class TransferFlow:
         call = self.call
         if self.caller_waiting:
             self.caller_waiting = False
-            call.stop_transfer_wait()
-        call.transfer_over(self)
+            _stop_wait(call)
+        _over(call, self)
         if not call.over:
             call.send_error(exc.code, str(exc), self.relates_to)  # type: ignore[arg-type]
 
@@ -255,3 +258,72 @@ async def _hang_up(leg: CarrierLeg) -> None:
         await leg.hangup()
     except Exception:
         log.exception("hanging up a transfer's %s leg failed", leg.carrier)
+
+
+# -- what a transfer does to its call -----------------------------------------------------------
+def begin_transfer(call: Call, flow: TransferFlow) -> None:
+    """A transfer the core accepted starts: it replaces a hold, and runs as a task of the call."""
+    if call.control.resume():
+        call.stop_hold()  # the transfer's own waiting takes the place of a hold
+    call.transfer = flow
+    call.control.transfer_pending = flow.mode
+    call.control.transfer_id = flow.command_id
+    call.spawn(flow.run(), "transfer")
+
+
+def _wait(call: Call, music: OutputQueue) -> None:
+    """The caller waits (music or ringback), unheard, while the new party is dialed."""
+    call.start_hold(music)
+
+
+def _stop_wait(call: Call) -> None:
+    """The caller is back with the app."""
+    party = call.party
+    call.party = None
+    call.party_in = call.party_out = None
+    if party is not None and call.queue is not None:
+        party.clear_output()
+    call.stop_hold()
+
+
+def _consult(call: Call, party: CarrierLeg) -> None:
+    """A warm transfer's party answered: it takes the caller's place toward the app."""
+    leg = call.leg
+    assert leg is not None
+    call.party_in = FrameConverter(party.audio_format, leg.audio_format)
+    call.party_out = FrameConverter(leg.audio_format, party.audio_format)
+    call.party = party
+    party.attach(PartyEvents(call))
+    if call.ears is not None:
+        call.ears.resume()  # the turn detector now hears the party
+
+
+def _over(call: Call, flow: TransferFlow) -> None:
+    """A transfer failed or was cancelled: the call goes on as before it."""
+    if call.transfer is flow:
+        call.transfer = None
+        call.control.transfer_pending = None
+        call.control.transfer_id = None
+
+
+def _join(call: Call, party: CarrierLeg) -> None:
+    """Join the caller and ``party`` (module doc); the session ends next, the call lives
+    on in state ``bridged``."""
+    leg = call.leg
+    assert leg is not None
+    call.party = None
+    call.party_in = call.party_out = None
+    call.hold_queue = None
+    leg.clear_output()
+    media_clock = call.gw.media_clock
+    bridge = Bridge(
+        call.call_ref,
+        leg,
+        party,
+        subscribe=media_clock.subscribe,
+        unsubscribe=media_clock.unsubscribe,
+        on_done=call.bridge_done,
+    )
+    call.bridge = bridge
+    bridge.start()
+    log.info("call %s: caller and new party bridged", call.call_ref)

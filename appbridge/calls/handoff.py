@@ -1,0 +1,58 @@
+"""``handoff``: the call moves to another app (docs/protocol-session-v1.md, "Call control").
+
+The call and the carrier leg stay up; only the app session changes. The core has accepted the
+command (a known app, within the limits); here the new app is dialled, and if it or one of its
+fallbacks answers, the old session ends with ``handoff``, the old app's output and listening
+choices are dropped, and a new ``session.start`` carries the payload. When nothing answers, the
+old session goes on and the app gets ``error internal``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from appbridge.calls.state import CallState
+
+if TYPE_CHECKING:
+    from appbridge.calls.call import Call
+
+log = logging.getLogger(__name__)
+
+
+async def hand_off(call: Call, target_ref: str, payload: Any, command_id: str | None) -> None:
+    relates_to = command_id or "handoff"
+    result = await call.dial_app(call.config.apps[target_ref])
+    if call.ending:
+        call.core.handoff_over(False)
+        if result.link is not None:
+            result.link.close(1001, "call ended")
+        return
+    if result.link is None and result.message is None:
+        call.core.handoff_over(False)
+        call.send_error(
+            "internal",
+            f"handoff: app {target_ref!r} and its fallbacks are unreachable",
+            relates_to,
+        )
+        return
+    call.core.handoff_over(True)
+    call.close_session("handoff", command_id)
+    call.commands.run(call.core.reset_output())
+    if call.control.resume():
+        call.stop_hold()
+    if result.link is not None and result.app is not None:
+        call.link = result.link
+        # The new app listens as its own configuration says, from a fresh start: nothing it
+        # did not subscribe to, and none of the old app's listen.update.
+        call.core.reset_listening()
+        if call.ears is not None:
+            ears, call.ears = call.ears, None
+            call.spawn(ears.close(), "ears-close")
+        call.use_app(result.app)
+        call.start_session(handoff=payload)
+        log.info("call %s handed off to %s", call.call_ref, result.app.ref)
+    else:
+        assert result.message is not None
+        call.lifecycle.move(CallState.FALLBACK)
+        call.commands.run(call.core.speak_fallback(result.message))
