@@ -46,7 +46,7 @@ class CoreAdapter:
 
 
 class PartyEvents:
-    """A warm transfer's new party, reporting to the call (``Call.start_consultation``)."""
+    """A warm transfer's new party, reporting to the call (``calls/transfer.py``)."""
 
     __slots__ = ("call",)
 
