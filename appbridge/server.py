@@ -46,31 +46,41 @@ def _known_voice() -> Callable[[str], bool] | None:
     return default_catalog().is_known_voice
 
 
-async def run_gateway(
-    config: Config,
-    config_path: str | None,
-    *,
-    ready: Callable[[Gateway, EmbeddedServer], None] | None = None,
-) -> int:
-    gw = Gateway(config)
-    server = gateway_server(gw, host=config.server.host, port=config.server.port)
-    loop = asyncio.get_running_loop()
-    stop_now = asyncio.Event()
-    drain_requested = asyncio.Event()
+class _Signals:
+    """SIGTERM drains (a second one stops at once), SIGINT stops, SIGHUP reloads the file
+    (docs/operations.md)."""
 
-    def on_term() -> None:
-        if drain_requested.is_set():
+    def __init__(self, gw: Gateway, config_path: str | None) -> None:
+        self.gw = gw
+        self.config_path = config_path
+        self.stop_now = asyncio.Event()
+        self.drain_requested = asyncio.Event()
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig, handler in (
+            (signal.SIGTERM, self.on_term),
+            (signal.SIGINT, self.on_int),
+            (signal.SIGHUP, self.on_hup),
+        ):
+            try:
+                loop.add_signal_handler(sig, handler)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    def on_term(self) -> None:
+        if self.drain_requested.is_set():
             log.warning("second SIGTERM: stopping now")
-            stop_now.set()
+            self.stop_now.set()
         else:
             log.info("SIGTERM: draining (new calls refused, live calls may finish)")
-            drain_requested.set()
+            self.drain_requested.set()
 
-    def on_int() -> None:
+    def on_int(self) -> None:
         log.warning("SIGINT: stopping now")
-        stop_now.set()
+        self.stop_now.set()
 
-    def on_hup() -> None:
+    def on_hup(self) -> None:
+        config_path = self.config_path
         if config_path is None:
             log.warning("SIGHUP: running on the embedded default; nothing to reload")
             return
@@ -86,29 +96,29 @@ async def run_gateway(
                 "SIGHUP: cannot read %s: %s; keeping the running configuration", config_path, exc
             )
             return
-        gw.reload(new)
+        self.gw.reload(new)
 
-    for sig, handler in (
-        (signal.SIGTERM, on_term),
-        (signal.SIGINT, on_int),
-        (signal.SIGHUP, on_hup),
-    ):
-        try:
-            loop.add_signal_handler(sig, handler)
-        except (NotImplementedError, RuntimeError):
-            pass
+
+async def run_gateway(
+    config: Config,
+    config_path: str | None,
+    *,
+    ready: Callable[[Gateway, EmbeddedServer], None] | None = None,
+) -> int:
+    gw = Gateway(config)
+    server = gateway_server(gw, host=config.server.host, port=config.server.port)
+    loop = asyncio.get_running_loop()
+    signals = _Signals(gw, config_path)
+    signals.install(loop)
 
     await gw.start()
     serve_task = loop.create_task(server.serve())
-    while not server.started:
-        if serve_task.done():
-            await serve_task
-            log.error(
-                "the HTTP listener could not start on %s:%s", config.server.host, config.server.port
-            )
-            await gw.stop()
-            return 1
-        await asyncio.sleep(0.01)
+    if not await _listening(server, serve_task):
+        log.error(
+            "the HTTP listener could not start on %s:%s", config.server.host, config.server.port
+        )
+        await gw.stop()
+        return 1
     # Start-up garbage is long-lived: freeze it so later full collections need not walk it.
     gc.collect()
     gc.freeze()
@@ -122,16 +132,11 @@ async def run_gateway(
     if ready is not None:
         ready(gw, server)
 
-    drain_task = loop.create_task(drain_requested.wait())
-    stop_task = loop.create_task(stop_now.wait())
+    drain_task = loop.create_task(signals.drain_requested.wait())
+    stop_task = loop.create_task(signals.stop_now.wait())
     await asyncio.wait({drain_task, stop_task, serve_task}, return_when=asyncio.FIRST_COMPLETED)
-    if drain_requested.is_set() and not stop_now.is_set():
-        gw.draining = True
-        deadline = loop.time() + gw.config.server.drain_timeout_s
-        while len(gw.registry) and loop.time() < deadline and not stop_now.is_set():
-            await asyncio.wait({stop_task}, timeout=0.2)
-        if len(gw.registry):
-            log.warning("drain: ending %d call(s) still live", len(gw.registry))
+    if signals.drain_requested.is_set() and not signals.stop_now.is_set():
+        await _drain(gw, loop, signals.stop_now, stop_task)
     gw.draining = True
     await gw.stop()
     server.should_exit = True
@@ -139,6 +144,31 @@ async def run_gateway(
     drain_task.cancel()
     stop_task.cancel()
     return 0
+
+
+async def _listening(server: EmbeddedServer, serve_task: asyncio.Task[None]) -> bool:
+    """Wait until the listener is up; False when serving ended first (the port is taken)."""
+    while not server.started:
+        if serve_task.done():
+            await serve_task
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def _drain(
+    gw: Gateway,
+    loop: asyncio.AbstractEventLoop,
+    stop_now: asyncio.Event,
+    stop_task: asyncio.Task[bool],
+) -> None:
+    """New calls are refused; live ones may end within ``drain_timeout_s``."""
+    gw.draining = True
+    deadline = loop.time() + gw.config.server.drain_timeout_s
+    while len(gw.registry) and loop.time() < deadline and not stop_now.is_set():
+        await asyncio.wait({stop_task}, timeout=0.2)
+    if len(gw.registry):
+        log.warning("drain: ending %d call(s) still live", len(gw.registry))
 
 
 def _report_build() -> None:

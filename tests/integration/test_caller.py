@@ -216,7 +216,7 @@ def test_the_call_command_is_on_the_command_line() -> None:
     assert result.returncode == 0, result.stderr
     for option in ("--play", "--digits", "--record", "--seconds", "--auth-token", "--public-url"):
         assert option in result.stdout
-    # A sip: URI is a SIP call (appbridge/caller_sip); its usage errors exit 2 as well.
+    # A sip: URI is a SIP call (appbridge/caller/sip); its usage errors exit 2 as well.
     sip = subprocess.run(
         [*command, "sip:+15550002222@127.0.0.1:9", "--digits", "1x"],
         capture_output=True,

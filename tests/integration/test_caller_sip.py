@@ -1,4 +1,4 @@
-"""The SIP test caller (``appbridge.caller_sip``) against a real gateway on loopback.
+"""The SIP test caller (``appbridge.caller.sip``) against a real gateway on loopback.
 
 No outside peer is needed: the caller is the gateway's own SIP stack playing the UAC, so these
 tests run everywhere (no sipp/baresip guard). The gateway runs in-process with ``[sip]`` on

@@ -1,7 +1,7 @@
 """The voice SDK against the real gateway over loopback, through the SIP carrier (docs/sdk.md).
 
 tests/integration/test_sdk.py covers every SDK method on calls from the fake Twilio carrier;
-this module covers them on SIP calls. The caller is :class:`appbridge.caller_sip.SipTestCaller`
+this module covers them on SIP calls. The caller is :class:`appbridge.caller.sip.SipTestCaller`
 (the gateway's own SIP cores playing the UAC: RTP both ways, RFC 4733 keypresses both ways,
 BYE), so no outside peer is needed, except for transfers: there a sipp UAS on the configured
 trunk plays the new party (tests/integration/sdk_sip_support.py has the scenario). Each test

@@ -1,4 +1,4 @@
-"""Unit tests of the SIP test caller's UAC logic (``appbridge.caller_sip``), with a scripted far
+"""Unit tests of the SIP test caller's UAC logic (``appbridge.caller.sip``), with a scripted far
 end: the signalling link is replaced by a recorder, so each SIP message is built and checked by
 hand (RFC 3261 §13.2 INVITE/ACK, §9.1 CANCEL, §15 BYE). Media ticks are driven by a
 :class:`VirtualClock`; RTP goes to a loopback socket standing in for the far end.

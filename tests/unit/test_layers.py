@@ -40,6 +40,21 @@ CORES = [
     "protocol/twilio_streams.py",
     "protocol/signing.py",
     "config/model.py",
+    *(
+        f"carriers/sip/{name}.py"
+        for name in (
+            "message",
+            "headers",
+            "transaction",
+            "dialog",
+            "digest",
+            "sdp",
+            "offer_answer",
+            "rtp",
+            "jitter",
+            "dtmf4733",
+        )
+    ),
 ]
 IO_MODULES = {"asyncio", "socket", "selectors", "threading", "time", "uvloop", "appbridge.clock"}
 
