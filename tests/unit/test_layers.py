@@ -48,6 +48,7 @@ CORES = [
             "transaction",
             "dialog",
             "digest",
+            "auth_header",
             "sdp",
             "offer_answer",
             "rtp",

@@ -23,7 +23,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from appbridge.carriers.sip.headers import AuthHeader, SipParseError, format_auth
+from appbridge.carriers.sip.auth_header import AuthHeader, format_auth
+from appbridge.carriers.sip.headers import SipParseError
 from appbridge.carriers.sip.message import Response
 
 __all__ = ["DigestChallenge", "DigestError", "authorization", "digest_response"]

@@ -17,7 +17,6 @@ with ``?`` outside ``<>``) and liberally where they say it must accept (§3.1.1:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Self
 from urllib.parse import unquote
@@ -93,7 +92,6 @@ _OPAQUE_RE = re.compile(r"[^\s<>\"]+")
 _TEL_RE = re.compile(r"[0-9A-Fa-f*#+().\-]+")
 _GEN_VALUE_RE = re.compile(f"[{_TOKEN_CLASS}\\[\\]:]+")
 _TOKEN_DISPLAY_RE = re.compile(f"([{_TOKEN_CLASS}]+(?:[ \\t]+[{_TOKEN_CLASS}]+)*)[ \\t]*<")
-_AUTH_VALUE_RE = re.compile(r'[^\s,"]+')
 _DATE_RE = re.compile(
     r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} "
     r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d{2}:\d{2}:\d{2} GMT"
@@ -190,7 +188,7 @@ def split_list(value: str) -> list[str]:
     return out
 
 
-class _Scanner:
+class Scanner:
     """A cursor over one header value; every parse error names the header being parsed."""
 
     __slots__ = ("pos", "text", "what")
@@ -326,7 +324,7 @@ class SipUri(_HasParams):
             number, _, tail = rest.partition(";")
             if not _TEL_RE.fullmatch(number):
                 raise SipParseError("Malformed URI")
-            params = _Scanner(";" + tail, "URI").params() if tail else ()
+            params = Scanner(";" + tail, "URI").params() if tail else ()
             return cls(scheme="tel", user=number, params=params)
         if not _OPAQUE_RE.fullmatch(rest):
             raise SipParseError("Malformed URI")
@@ -424,7 +422,7 @@ class NameAddr(_HasParams):
 
     @classmethod
     def parse(cls, text: str, what: str = "address") -> NameAddr:
-        s = _Scanner(text.strip(), what)
+        s = Scanner(text.strip(), what)
         if s.text == "*":
             return cls(uri=SipUri(scheme="*"), star=True)
         display: str | None = None
@@ -503,7 +501,7 @@ class Via(_HasParams):
 
     @classmethod
     def parse(cls, text: str) -> Via:
-        s = _Scanner(text.strip(), "Via header")
+        s = Scanner(text.strip(), "Via header")
         m = _VIA_HEAD_RE.match(s.text)
         if m is None:
             raise s.fail()
@@ -608,52 +606,3 @@ def check_date(text: str) -> None:
     """``Date`` is an RFC 1123 date in GMT only (RFC 3261 §20.17, RFC 4475 §3.1.2.12)."""
     if _DATE_RE.fullmatch(text.strip()) is None:
         raise SipParseError("Malformed Date header")
-
-
-@dataclass(frozen=True, slots=True)
-class AuthHeader:
-    """``scheme auth-param *(COMMA auth-param)``: the value of WWW-Authenticate,
-    Proxy-Authenticate, Authorization and Proxy-Authorization (RFC 3261 §20.27, §25.1; RFC 7616
-    §3.3). ``params`` are unquoted, keyed by lower-case name, in order."""
-
-    scheme: str
-    params: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def parse(cls, text: str) -> AuthHeader:
-        s = _Scanner(text.strip(), "authentication header")
-        scheme = s.match(TOKEN_RE)
-        params: list[tuple[str, str]] = []
-        if not s.at_end():
-            if s.peek() not in " \t":
-                raise s.fail()
-            while True:
-                s.skip_ws()
-                name = s.match(TOKEN_RE).lower()
-                s.skip_ws()
-                s.expect("=")
-                s.skip_ws()
-                raw = s.quoted() if s.peek() == '"' else s.match(_AUTH_VALUE_RE)
-                params.append((name, unquote_string(raw)))
-                s.skip_ws()
-                if s.at_end():
-                    break
-                s.expect(",")
-        return cls(scheme=scheme, params=tuple(params))
-
-    def get(self, name: str) -> str | None:
-        lower = name.lower()
-        for key, value in self.params:
-            if key == lower:
-                return value
-        return None
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(self.params)
-
-
-def format_auth(scheme: str, params: list[tuple[str, str, bool]]) -> str:
-    """Serialise ``(name, value, quoted)`` auth-params after ``scheme`` (RFC 7616 §3.4 says
-    which are quoted: algorithm, nc and qop are tokens, the rest quoted-strings)."""
-    parts = [f"{name}={quote_string(value) if quoted else value}" for name, value, quoted in params]
-    return f"{scheme} " + ", ".join(parts)

@@ -6,13 +6,13 @@ import hashlib
 
 import pytest
 
+from appbridge.carriers.sip.auth_header import AuthHeader
 from appbridge.carriers.sip.digest import (
     DigestChallenge,
     DigestError,
     authorization,
     digest_response,
 )
-from appbridge.carriers.sip.headers import AuthHeader
 from appbridge.carriers.sip.message import Request, make_response, parse_message
 
 # RFC 7616 §3.9.1

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appbridge.carriers.sip.auth_header import AuthHeader
 from appbridge.carriers.sip.digest import DigestChallenge, DigestError
 from appbridge.carriers.sip.headers import (
-    AuthHeader,
     CSeq,
     NameAddr,
     SipParseError,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from appbridge.carriers.sip.auth_header import AuthHeader, format_auth
 from appbridge.carriers.sip.headers import (
-    AuthHeader,
     CSeq,
     NameAddr,
     SipParseError,
     SipUri,
     Via,
     canonical_name,
-    format_auth,
     parse_content_length,
     parse_max_forwards,
     split_list,
