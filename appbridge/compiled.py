@@ -104,9 +104,13 @@ def check_build() -> str | None:
         return None
     interpreted = [m for m in COMPILED_MODULES if not is_compiled(m)]
     if interpreted:
+        which = (
+            f"all {len(interpreted)} listed modules"
+            if len(interpreted) == len(COMPILED_MODULES)
+            else ", ".join(interpreted)
+        )
         return (
-            f"the build left {len(interpreted)} of {len(COMPILED_MODULES)} listed modules "
-            f"interpreted ({', '.join(interpreted)}); `pip install -v --no-deps "
+            f"the build left {which} interpreted; `pip install -v --no-deps "
             "--no-build-isolation -e .` shows setup.py's reason"
         )
     stale = stale_modules()
