@@ -129,6 +129,10 @@ def media_path_extensions() -> list[Extension]:
     return extensions
 
 
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
 def _gated(compile_sources: Callable[..., list[str]], jobs: int) -> Callable[..., list[str]]:
     """The compiler's ``compile``, running each source as its own job, at most ``jobs`` at once
     across every caller: the group's library is one extension of many C files, which
@@ -143,7 +147,9 @@ def _gated(compile_sources: Callable[..., list[str]], jobs: int) -> Callable[...
         if len(sources) < 2:
             return one(sources[0]) if sources else []
         with ThreadPoolExecutor(max_workers=min(jobs, len(sources))) as pool:
-            return [obj for objects in pool.map(one, sources) for obj in objects]
+            # The largest files first, so that the last one to finish is a short one.
+            started = {s: pool.submit(one, s) for s in sorted(sources, key=_size, reverse=True)}
+            return [obj for source in sources for obj in started[source].result()]
 
     return compile_each
 
