@@ -1,7 +1,9 @@
-# AppBridge: the two set-up commands are `make run` and `make test` (INTERFACES.md §1).
+# AppBridge: the two set-up commands are `make run` and `make test` (README.md, Quick start).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps
+TEST_DEPS_STAMP := $(VENV)/.deps-test
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
@@ -11,26 +13,31 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The dependencies go in before the project is built, because mypyc compiles the media path
+# against them (setup.py); deploy/install-deps.py reads them from pyproject.toml.
+$(DEPS_STAMP): $(BIN)/python pyproject.toml deploy/install-deps.py
+	$(BIN)/python deploy/install-deps.py
+	touch $@
+
+$(TEST_DEPS_STAMP): $(DEPS_STAMP)
+	$(BIN)/python deploy/install-deps.py test
+	touch $@
+
 # setup.py builds the C extensions: appbridge/media/_ratecv.c, and with mypyc the modules listed in
 # appbridge/compiled.py. A change to any of them rebuilds (a compiled module ignores its source).
 COMPILED_SOURCES := $(shell sed -n 's/^    "\(appbridge[a-z_.]*\)",$$/\1/p' appbridge/compiled.py | tr . / | sed 's/$$/.py/')
 BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c appbridge/compiled.py $(COMPILED_SOURCES)
 
-# Installed twice when needed: mypyc compiles against the dependencies, which a fresh venv gets
-# only during the first install (that one leaves the media path interpreted; setup.py).
-COMPILED_OK := $(BIN)/python -c "import sys; from appbridge import compiled as c; \
-	sys.exit(any(not c.is_compiled(m) for m in c.COMPILED_MODULES))"
-
-$(STAMP): $(BIN)/python $(BUILD_INPUTS)
-	$(BIN)/pip install -q -e .
-	$(COMPILED_OK) || $(BIN)/pip install -q --no-deps -e .
+# The one build, with the dependencies already there (no isolated build environment, no second
+# install); `python -m appbridge.compiled` fails if it left a listed module interpreted unasked.
+$(STAMP): $(DEPS_STAMP) $(BUILD_INPUTS)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -m appbridge.compiled
 	touch $@
 
-# The test install is a superset of the plain one: it stands for both (no second compile).
-$(TEST_STAMP): $(BIN)/python $(BUILD_INPUTS)
-	$(BIN)/pip install -q -e '.[test]'
-	$(COMPILED_OK) || $(BIN)/pip install -q --no-deps -e .
-	touch $@ $(STAMP)
+# The test install is the plain one plus the test extras: it never compiles again.
+$(TEST_STAMP): $(STAMP) $(TEST_DEPS_STAMP)
+	touch $@
 
 install: $(STAMP)
 

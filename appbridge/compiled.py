@@ -1,4 +1,4 @@
-"""The modules compiled to C with mypyc (issue 7), and a check that the build is current.
+"""The modules compiled to C with mypyc, and a check that the build is current.
 
 These are the modules every audio frame passes through: RTP in and out, the jitter buffer, the
 Twilio stream's fast path, the conversions, the VAD and turn detector, the output queue, the
@@ -11,7 +11,9 @@ modules run interpreted.
 A compiled module does not notice its source changing: after editing one of these files, rebuild
 (``make install`` / ``make install-test`` do it when a file listed here changes).
 :func:`stale_modules` lists the ones whose source is newer than their build; the test suite
-fails on any, and ``appbridge serve`` logs a warning.
+fails on any, and ``appbridge serve`` logs a warning. ``python -m appbridge.compiled``
+(``make install`` runs it after the build) fails when the build left a listed module
+interpreted without a reason to.
 
 Nothing here imports the rest of the package: ``setup.py`` reads this file on its own.
 """
@@ -20,6 +22,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
 from pathlib import Path
 
 COMPILED_MODULES: tuple[str, ...] = (
@@ -82,3 +88,39 @@ def stale_modules(modules: tuple[str, ...] = COMPILED_MODULES, root: Path = _ROO
         if ext is not None and source_path(module, root).stat().st_mtime > ext.stat().st_mtime:
             stale.append(module)
     return stale
+
+
+def have_c_compiler() -> bool:
+    """Whether the compiler that builds extensions for this Python (``CC``, else its own) is on
+    the PATH: without one, ``setup.py`` installs the listed modules interpreted."""
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) is not None
+
+
+def check_build() -> str | None:
+    """What is wrong with the installed build, or None. Interpreted modules are right only when
+    the install asked for them (``APPBRIDGE_COMPILE=0``) or had no C compiler."""
+    if os.environ.get("APPBRIDGE_COMPILE", "1") == "0" or not have_c_compiler():
+        return None
+    interpreted = [m for m in COMPILED_MODULES if not is_compiled(m)]
+    if interpreted:
+        which = (
+            f"all {len(interpreted)} listed modules"
+            if len(interpreted) == len(COMPILED_MODULES)
+            else ", ".join(interpreted)
+        )
+        return (
+            f"the build left {which} interpreted; `pip install -v --no-deps "
+            "--no-build-isolation -e .` shows setup.py's reason"
+        )
+    stale = stale_modules()
+    if stale:
+        return f"built before their source changed: {', '.join(stale)}"
+    return None
+
+
+if __name__ == "__main__":
+    problem = check_build()
+    if problem is not None:
+        print(f"appbridge: {problem}", file=sys.stderr)
+        sys.exit(1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs the outside peers the test suite talks to (INTERFACES.md §1); `make install-test` runs it.
+# Installs the outside peers the test suite talks to (docs/interop.md); `make install-test` runs it.
 #
-# Pipecat (issue 5, docs/interop.md) goes into its own virtualenv, .venv-pipecat, so that its many
+# Pipecat (docs/interop.md) goes into its own virtualenv, .venv-pipecat, so that its many
 # dependencies never mix with the gateway's .venv. It is pinned, and installed once: a stamp file
 # records what was installed, and a second run with the same pins returns at once.
 #
@@ -11,8 +11,7 @@
 #
 # Environment: PYTHON (the interpreter for the new venv, >= 3.11; default python3.11 or python3),
 # PIPECAT_VENV (default .venv-pipecat, relative to the repo root).
-# sipp (Debian sip-tester) and baresip are installed with apt-get when missing; Redis joins here
-# when the issue that uses it lands.
+# sipp (Debian sip-tester) and baresip are installed with apt-get when missing.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -92,7 +91,7 @@ install_pipecat() {
   echo "install-test-peers: Pipecat ready in $((SECONDS - started)) s"
 }
 
-# sipp (Debian package sip-tester) for tests/integration/test_sip_sipp.py (issue 6).
+# sipp (Debian package sip-tester) for tests/integration/test_sip_sipp.py.
 install_sipp() {
   if command -v sipp >/dev/null 2>&1; then
     return 0
@@ -108,8 +107,8 @@ install_sipp() {
   command -v sipp >/dev/null 2>&1 || fail "sip-tester was installed but sipp is not on PATH"
 }
 
-# baresip (Debian package baresip, 1.0.0 on bookworm) for tests/integration/test_baresip.py
-# (issue 6). It pulls in its codec and audio modules (/usr/lib/baresip/modules); the tests run it
+# baresip (Debian package baresip, 1.0.0 on bookworm) for tests/integration/test_baresip.py.
+# It pulls in its codec and audio modules (/usr/lib/baresip/modules); the tests run it
 # headless (aufile, aubridge, sndfile, ctrl_tcp), so no sound card or sound server is needed.
 install_baresip() {
   if command -v baresip >/dev/null 2>&1; then

@@ -65,3 +65,25 @@ def test_serve_reports_an_interpreted_or_stale_build(
     text = caplog.text
     assert f"{len(compiled.COMPILED_MODULES)} of {len(compiled.COMPILED_MODULES)} modules" in text
     assert "older than their source" in text and "appbridge.media.codecs" in text
+
+
+def test_the_install_fails_on_a_build_that_left_a_module_interpreted_unasked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    left = compiled.COMPILED_MODULES[0]
+    monkeypatch.setattr(compiled, "is_compiled", lambda module: module != left)
+    monkeypatch.setattr(compiled, "stale_modules", list)
+    monkeypatch.setattr(compiled, "have_c_compiler", lambda: True)
+    monkeypatch.delenv("APPBRIDGE_COMPILE", raising=False)
+    problem = compiled.check_build()
+    assert problem is not None and left in problem
+    monkeypatch.setenv("APPBRIDGE_COMPILE", "0")  # asked for interpreted
+    assert compiled.check_build() is None
+    monkeypatch.delenv("APPBRIDGE_COMPILE")
+    monkeypatch.setattr(compiled, "have_c_compiler", lambda: False)  # nothing to compile with
+    assert compiled.check_build() is None
+    monkeypatch.setattr(compiled, "have_c_compiler", lambda: True)
+    monkeypatch.setattr(compiled, "is_compiled", lambda module: True)
+    assert compiled.check_build() is None
+    monkeypatch.setattr(compiled, "stale_modules", lambda: [left])
+    assert compiled.check_build() == f"built before their source changed: {left}"
