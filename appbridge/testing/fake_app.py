@@ -1,6 +1,6 @@
 """A fonoster.session.v1 app, played from the outside: what the gateway dials for each call.
 
-Seed 004 ("Connecting"): the gateway opens one WebSocket per session to the app's URL and signs
+The session protocol: the gateway opens one WebSocket per session to the app's URL and signs
 the request with ``X-Fonoster-Timestamp`` and ``X-Fonoster-Signature`` (lowercase hex
 HMAC-SHA256 of ``<timestamp>.<url>``); the app rejects a wrong signature or a timestamp more than
 300 s off. :class:`FakeApp` verifies that with hmac directly, never with the gateway's signing
@@ -10,7 +10,7 @@ answer.
 
 Failure modes the gateway must survive are switches here: ``refuse`` closes the listening socket
 (connections are refused, exercising the 2.5 s retry window) and ``stop_reading`` stops consuming
-frames so TCP backs up (the slow app of DESIGN.md, "Never wait on a peer").
+frames so TCP backs up (a slow app: the gateway never waits on a peer).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ __all__ = [
     "fonoster_signature",
 ]
 
-#: Seed 004, "Verifying the connection": reject timestamps further than this from our clock.
+#: The session protocol: reject timestamps further than this from our clock.
 SIGNATURE_MAX_SKEW_S = 300
-#: The track id of the caller's audio in ``session.start`` ``tracks`` (seed 004 example).
+#: The track id of the caller's audio in ``session.start`` ``tracks`` (the protocol doc's example).
 INBOUND_TRACK_ID = 1
 
 Matcher = str | Callable[[dict[str, Any]], bool]
@@ -119,7 +119,7 @@ class FakeSession:
         return b"".join(frame[1:] for frame in self.audio if frame and frame[0] == track_id)
 
     def inbound_audio(self) -> bytes:
-        """The caller's audio as received (track id 1, seed 004 "Frames")."""
+        """The caller's audio as received (track id 1)."""
         return self.track_audio(INBOUND_TRACK_ID)
 
     def of_type(self, msg_type: str) -> list[dict[str, Any]]:
@@ -166,7 +166,7 @@ class FakeSession:
         await self.ws.send(data)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Close the socket; in seed 004 an app closing its socket hangs up the call."""
+        """Close the socket; an app closing its socket hangs up the call."""
         await self.ws.close(code, reason)
 
     # ------------------------------------------------------------------ reading

@@ -1,4 +1,4 @@
-"""Twilio placing the calls the gateway asks for, played from the outside (issue 6).
+"""Twilio placing the calls the gateway asks for, played from the outside.
 
 :class:`FakeTwilioDialer` is the Calls-create half of :class:`~.fake_twilio.FakeTwilioRest`:
 ``POST /2010-04-01/Accounts/{AccountSid}/Calls.json``, form-encoded, HTTP Basic. It answers as
@@ -8,7 +8,7 @@ Then it acts as Twilio would, per the called number's :class:`Callee` script (a 
 ``To`` numbers, else :attr:`FakeTwilioDialer.default_callee`):
 
 * status callbacks to ``StatusCallback``, signed with ``X-Twilio-Signature`` over the URL and the
-  form (reference/twilio.md), numbered by ``SequenceNumber`` from 0: ``initiated``, ``ringing``,
+  form (docs/protocol-twilio.md), numbered by ``SequenceNumber`` from 0: ``initiated``, ``ringing``,
   then ``in-progress`` and ``completed``, or ``busy`` / ``no-answer`` / ``failed``, or
   ``canceled`` when the gateway cancels while it rings (REST ``Status=canceled``/``completed``);
 * on answer, the TwiML runs: ``<Connect><Stream>`` opens the Media Stream with the signed upgrade,
@@ -240,7 +240,7 @@ class FakeTwilioDialer:
         await self._callback(out, status)
 
     async def _callback(self, out: FakeOutboundCall, status: str) -> None:
-        """POST the status callback, signed over its public URL (reference/twilio.md)."""
+        """POST the status callback, signed over its public URL (docs/protocol-twilio.md)."""
         call = out.call
         url = out.param("StatusCallback")
         form = {
