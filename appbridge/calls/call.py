@@ -388,20 +388,12 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
                 listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
 
     def on_carrier_dtmf(self, digit: str) -> None:
-        # Keypresses arrive at any time, on hold too (docs/protocol-session-v1.md, "Call control").
-        if self.lifecycle.state is CallState.ACTIVE:
-            self.send_event(sv1.DtmfEvent(digit=digit))
+        self.commands.run(self.core.on_carrier_dtmf(digit))
 
     def on_carrier_hangup(self) -> None:
-        # After a transfer the carrier lets go of the stream: that is the transfer's end.
         transfer = self.transfer
-        if transfer is not None and transfer.hands_over:
-            self.spawn(
-                self.end("transfer", self.control.transfer_id, carrier_gone=True),
-                "end-transferred",
-            )
-            return
-        self.spawn(self.end("caller_hangup", carrier_gone=True), "end-caller-hangup")
+        handed_over = transfer is not None and transfer.hands_over
+        self.commands.run(self.core.on_carrier_hangup(handed_over=handed_over))
 
     # -- the media clock ------------------------------------------------------------------------
     def _on_tick(self, tick: int, now: float) -> None:

@@ -104,8 +104,8 @@ class CommandShell:
 
     def _end_call(self, e: EndCall) -> None:
         call = self.call
-        name = "hangup" if e.reason == "app_hangup" else "end-fallback"
-        call.spawn(call.end(e.reason, e.command_id), name)
+        name = _END_TASKS.get(e.reason, "end-fallback")
+        call.spawn(call.end(e.reason, e.command_id, carrier_gone=e.carrier_gone), name)
 
     def _clear_leg(self, e: ClearLeg) -> None:
         leg = self.call.active_leg()
@@ -263,6 +263,13 @@ class CommandShell:
         if ears is not None:
             ears.update(language=e.language, hints=e.hints, patience=e.patience)
 
+
+#: The names of the tasks that end a call, by reason (they name the task in logs).
+_END_TASKS: Final = {
+    "app_hangup": "hangup",
+    "transfer": "end-transferred",
+    "caller_hangup": "end-caller-hangup",
+}
 
 #: What carries out each effect, by its type.
 _RUNNERS: Final[dict[type, Callable[[CommandShell, Any], None]]] = {

@@ -527,6 +527,21 @@ class CallCore:
             )
         )
 
+    # -- the carrier ----------------------------------------------------------------------------
+    def on_carrier_dtmf(self, digit: str) -> list[Effect]:
+        """A keypress: to the app whenever a session is open, on hold too
+        (docs/protocol-session-v1.md, "Call control")."""
+        if self.life.state is CallState.ACTIVE:
+            return [SendEvent(sv1.DtmfEvent(digit=digit))]
+        return []
+
+    def on_carrier_hangup(self, *, handed_over: bool) -> list[Effect]:
+        """The carrier's side is gone. After a transfer that the carrier carried out, that is
+        the transfer's end (``session.end`` ``transfer``, with its id); else the caller hung up."""
+        if handed_over:
+            return [EndCall("transfer", self.control.transfer_id, carrier_gone=True)]
+        return [EndCall("caller_hangup", carrier_gone=True)]
+
     # -- output events --------------------------------------------------------------------------
     def on_output_events(self, events: list[OutputEvent]) -> list[Effect]:
         """The output queue's events of a tick (``Call._feed``)."""

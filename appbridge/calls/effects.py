@@ -42,10 +42,12 @@ class ReportBadMessage:
 
 @dataclass(frozen=True, slots=True)
 class EndCall:
-    """The call ends (``hangup``, or a fallback message that is over or failed)."""
+    """The call ends: ``hangup``, a fallback message that is over or failed, or the carrier's
+    side gone (``carrier_gone``: nothing left to hang up there)."""
 
     reason: sv1.EndReason
     command_id: str | None = None
+    carrier_gone: bool = False
 
 
 @dataclass(eq=False, slots=True)

@@ -362,3 +362,26 @@ def test_shutdown_stops_every_utterance_and_drops_held_events() -> None:
     b = send(core, type="speak", id="b", text="y", last=False)[0].utterance  # type: ignore[union-attr]
     assert core.shutdown() == [fx.StopTts(a), fx.StopTts(b)]
     assert core.heard.holding is False
+
+
+# -- the carrier --------------------------------------------------------------------------------
+
+
+def test_keypresses_reach_the_app_while_a_session_is_open_on_hold_too() -> None:
+    core, _ = new_core()
+    assert core.on_carrier_dtmf("5") == [fx.SendEvent(sv1.DtmfEvent(digit="5"))]
+    send(core, type="hold")
+    assert core.on_carrier_dtmf("#") == [fx.SendEvent(sv1.DtmfEvent(digit="#"))]
+    core.life.move(CallState.ENDING)
+    assert core.on_carrier_dtmf("1") == []
+
+
+def test_the_carrier_gone_is_the_callers_hangup_or_a_transfers_end() -> None:
+    core, _ = new_core()
+    assert core.on_carrier_hangup(handed_over=False) == [
+        fx.EndCall("caller_hangup", carrier_gone=True)
+    ]
+    core.control.transfer_id = "t1"
+    assert core.on_carrier_hangup(handed_over=True) == [
+        fx.EndCall("transfer", "t1", carrier_gone=True)
+    ]
