@@ -37,7 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink
@@ -68,8 +68,6 @@ if TYPE_CHECKING:
     from appbridge.calls.services import CallServices
 
 log = logging.getLogger(__name__)
-
-MAX_FALLBACK_HOPS: Final = 4
 
 
 class Call(Weakable):  # Weakable: the command handler holds it through a weak reference
@@ -258,13 +256,10 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self._sync_ears()
         leg.attach(self)
         self._clock_key = self.gw.media_clock.subscribe(self._on_tick)
-        if self.link is not None:
-            self.start_session(handoff=None)
-        elif self.fallback_message is not None:
-            self.lifecycle.move(CallState.FALLBACK)
-            self.commands.run(self.core.speak_fallback(self.fallback_message))
-        else:
-            self.spawn(self.end("error"), "end-no-app")
+        decided = self.core.on_media_ready(
+            app_reached=self.link is not None, fallback_message=self.fallback_message
+        )
+        self.commands.run(decided)
 
     def start_session(self, handoff: Any) -> None:
         assert self.link is not None

@@ -23,6 +23,7 @@ from appbridge.calls.effects import (
     Effect,
     EndCall,
     FetchAudio,
+    OpenSession,
     ReportBadMessage,
     SendDtmf,
     SendError,
@@ -106,6 +107,9 @@ class CommandShell:
         call = self.call
         name = _END_TASKS.get(e.reason, "end-fallback")
         call.spawn(call.end(e.reason, e.command_id, carrier_gone=e.carrier_gone), name)
+
+    def _open_session(self, e: OpenSession) -> None:
+        self.call.start_session(handoff=e.handoff)
 
     def _clear_leg(self, e: ClearLeg) -> None:
         leg = self.call.active_leg()
@@ -274,6 +278,7 @@ _END_TASKS: Final = {
 #: What carries out each effect, by its type.
 _RUNNERS: Final[dict[type, Callable[[CommandShell, Any], None]]] = {
     SendEvent: CommandShell._send_event,
+    OpenSession: CommandShell._open_session,
     SendError: CommandShell._send_error,
     ReportBadMessage: CommandShell._bad_message,
     EndCall: CommandShell._end_call,

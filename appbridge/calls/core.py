@@ -32,6 +32,7 @@ from appbridge.calls.effects import (
     Effect,
     EndCall,
     FetchAudio,
+    OpenSession,
     ReportBadMessage,
     SendDtmf,
     SendError,
@@ -271,6 +272,21 @@ class CallCore:
         if cmd.last:
             utt.last_seen = True
         self._out.append(SpeakText(utt, cmd.text, cmd.last))
+
+    def on_media_ready(self, *, app_reached: bool, fallback_message: str | None) -> list[Effect]:
+        """The carrier's media is here: the session opens with the app that was reached, or
+        the app's fallback message is spoken, or, with neither, the call ends."""
+        if app_reached:
+            return [OpenSession()]
+        if fallback_message is not None:
+            return self.fall_back(fallback_message)
+        return [EndCall("error")]
+
+    def fall_back(self, text: str) -> list[Effect]:
+        """No app could be reached (at the start, or on a handoff): the call is in ``fallback``
+        and says ``text``, then hangs up."""
+        self.life.move(CallState.FALLBACK)
+        return self.speak_fallback(text)
 
     def speak_fallback(self, text: str) -> list[Effect]:
         """No app could be reached: say the configured message, then hang up."""

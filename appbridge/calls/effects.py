@@ -33,6 +33,13 @@ class SendError:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenSession:
+    """The carrier's media is here and the app was reached: ``session.start`` goes out."""
+
+    handoff: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReportBadMessage:
     """A Twilio-dialect app sent something malformed: that dialect has no error message, so it
     is counted and logged (docs/protocol-twilio.md)."""
@@ -165,6 +172,7 @@ class UpdateEars:
 Effect = (
     SendEvent
     | SendError
+    | OpenSession
     | ReportBadMessage
     | EndCall
     | StartTts

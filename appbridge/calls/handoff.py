@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from appbridge.calls.state import CallState
-
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
 
@@ -54,5 +52,4 @@ async def hand_off(call: Call, target_ref: str, payload: Any, command_id: str | 
         log.info("call %s handed off to %s", call.call_ref, result.app.ref)
     else:
         assert result.message is not None
-        call.lifecycle.move(CallState.FALLBACK)
-        call.commands.run(call.core.speak_fallback(result.message))
+        call.commands.run(call.core.fall_back(result.message))

@@ -385,3 +385,20 @@ def test_the_carrier_gone_is_the_callers_hangup_or_a_transfers_end() -> None:
     assert core.on_carrier_hangup(handed_over=True) == [
         fx.EndCall("transfer", "t1", carrier_gone=True)
     ]
+
+
+def test_when_the_media_is_here_the_session_opens_or_the_fallback_speaks_or_the_call_ends() -> None:
+    core, _ = new_core()
+    assert core.on_media_ready(app_reached=True, fallback_message=None) == [fx.OpenSession()]
+    assert core.on_media_ready(app_reached=False, fallback_message=None) == [fx.EndCall("error")]
+    fallback = CallCore(
+        "CA2",
+        Services(),
+        session_format=PCMU_8K,
+        app_refs=frozenset(),
+        trunk_hosts=frozenset(),
+    )
+    fallback.attach(PCMU_8K)
+    effects = fallback.on_media_ready(app_reached=False, fallback_message="Sorry.")
+    assert fallback.life.state is CallState.FALLBACK
+    assert [type(e) for e in effects] == [fx.StartTts, fx.SpeakText]
