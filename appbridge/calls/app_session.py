@@ -21,6 +21,7 @@ from appbridge.net.plaintext import redact_url
 from appbridge.protocol import session_v1 as sv1
 
 if TYPE_CHECKING:
+    from appbridge.calls.call import Call
     from appbridge.calls.services import CallServices
 
 log = logging.getLogger(__name__)
@@ -114,3 +115,21 @@ def session_start(
         ],
         speech=sv1.SpeechDefaults(voice=app.speech.voice, language=app.speech.language),
     )
+
+
+async def connect(call: Call) -> bool:
+    """Dial the call's routed app. True when the call should be answered: an app or its
+    fallback message is there."""
+    result = await call.dial_app(call.app)
+    if call.ending:
+        if result.link is not None:
+            result.link.close(1001, "call ended")
+        return False
+    if result.link is not None and result.app is not None:
+        call.link = result.link
+        call.use_app(result.app)
+        return True
+    if result.message is not None:
+        call.fallback_message = result.message
+        return True
+    return False

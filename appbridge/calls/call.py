@@ -45,6 +45,7 @@ from appbridge.apps.listeners import ListenerSet
 from appbridge.calls.adapters import CoreAdapter
 from appbridge.calls.app_session import (
     DialResult,
+    connect,
     dial_with_fallbacks,
     session_format_for,
     session_start,
@@ -53,6 +54,7 @@ from appbridge.calls.bridge import Bridge
 from appbridge.calls.carrier_leg import CarrierLeg
 from appbridge.calls.commands import CommandShell
 from appbridge.calls.core import CallCore
+from appbridge.calls.ending import end_call
 from appbridge.calls.handoff import hand_off
 from appbridge.calls.listening import Ears
 from appbridge.calls.state import CallState
@@ -190,25 +192,13 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
             self.spawn(self.end("error"), "end-after-failure")
 
     # -- reaching an app --------------------------------------------------------------------
-    async def dial_app(self, app: AppConfig) -> DialResult:
+    def dial_app(self, app: AppConfig) -> Coroutine[Any, Any, DialResult]:
         """Dial ``app`` and, failing that, its fallbacks (``calls/app_session.py``)."""
-        return await dial_with_fallbacks(self.gw, self.config, app, self.call_ref)
+        return dial_with_fallbacks(self.gw, self.config, app, self.call_ref)
 
-    async def connect_app(self) -> bool:
-        """Dial the routed app. True when the call should be answered."""
-        result = await self.dial_app(self.app)
-        if self.ending:
-            if result.link is not None:
-                result.link.close(1001, "call ended")
-            return False
-        if result.link is not None and result.app is not None:
-            self.link = result.link
-            self.use_app(result.app)
-            return True
-        if result.message is not None:
-            self.fallback_message = result.message
-            return True
-        return False
+    def connect_app(self) -> Coroutine[Any, Any, bool]:
+        """Dial the routed app. True when the call should be answered (``calls/app_session.py``)."""
+        return connect(self)
 
     def _sync_ears(self) -> None:
         """VAD, turn detector and STT run for fonoster apps only: the Twilio dialect carries no
@@ -501,12 +491,14 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def bridge_done(self) -> None:
         """The bridge is over: a call whose session ended already is finished now."""
         if self.lifecycle.state is CallState.BRIDGED:
-            self._finish()
+            self.finish()
         # else: the session is still closing; ``end`` finishes the call when it is done
 
-    async def handoff(self, target_ref: str, payload: Any, command_id: str | None) -> None:
+    def handoff(
+        self, target_ref: str, payload: Any, command_id: str | None
+    ) -> Coroutine[Any, Any, None]:
         """``handoff``, accepted by the core (``calls/handoff.py``)."""
-        await hand_off(self, target_ref, payload, command_id)
+        return hand_off(self, target_ref, payload, command_id)
 
     def close_session(self, reason: sv1.EndReason, command_id: str | None) -> None:
         """``session.end`` to the app and its listeners, then close them."""
@@ -517,12 +509,12 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
                 data = self.encoder.event(end, sv1.encode_event(end))
                 if data is not None:
                     link.send_control(data)
-            self._close_link(reason)
+            self.close_link(reason)
         if self.listeners is not None:
             self.listeners.close(end if self.session_ref is not None else None)
             self.listeners = None
 
-    def _close_link(self, reason: str) -> None:
+    def close_link(self, reason: str) -> None:
         """Close the app link, counting the audio it dropped for a slow app (``/metrics``)."""
         link = self.link
         if link is None:
@@ -532,56 +524,30 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         self.link = None
 
     # -- the one way out ------------------------------------------------------------------------
-    async def end(
+    def end(
         self,
         reason: sv1.EndReason,
         command_id: str | None = None,
         *,
         app_gone: bool = False,
         carrier_gone: bool = False,
-    ) -> None:
-        if self.ending:
-            if self.bridge is not None and not self.bridge.done:
-                await self.bridge.hangup()  # DELETE or a drain on a bridged call
-            return
-        self.ending = True
-        self.end_reason = reason
-        self.lifecycle.move(CallState.ENDING)
+    ) -> Coroutine[Any, Any, None]:
+        """The single way out (``calls/ending.py``); await it or spawn it."""
+        return end_call(self, reason, command_id, app_gone=app_gone, carrier_gone=carrier_gone)
+
+    def leave_media_clock(self) -> None:
         if self._clock_key is not None:
             self.gw.media_clock.unsubscribe(self._clock_key)
             self._clock_key = None
-        self.commands.run(self.core.shutdown())
-        if self.ears is not None:
-            await self.ears.close()
+
+    def cancel_tasks(self) -> None:
+        """Cancel the call's tasks, all but the one running this."""
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        if app_gone:
-            self._close_link(reason)  # no session.end to an app that is gone
-        self.close_session(reason, command_id)
-        transfer = self.transfer
-        if transfer is not None and self.bridge is None:
-            await transfer.abandon()
-        if self.bridge is not None:
-            self.gw.metrics.calls_ended[reason] = self.gw.metrics.calls_ended.get(reason, 0) + 1
-            if self.bridge.done:
-                self._finish(count=False)
-            else:
-                self.lifecycle.move(CallState.BRIDGED)
-            log.info("call %s: session ended (%s); the call stays bridged", self.call_ref, reason)
-            return
-        if self.leg is not None and not carrier_gone:
-            try:
-                if reason == "transfer":
-                    await self.leg.close()  # the carrier bridges the caller on; never end it
-                else:
-                    await self.leg.hangup()
-            except Exception:
-                log.exception("call %s: carrier hang-up failed", self.call_ref)
-        self._finish()
 
-    def _finish(self, *, count: bool = True) -> None:
+    def finish(self, *, count: bool = True) -> None:
         """The call is over on every side: the record, the metrics, and ``ended``."""
         if self.ended.is_set():
             return
