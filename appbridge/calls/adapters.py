@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class CoreAdapter:
-    """What the call core asks of the world (``calls/core.CoreServices``), answered from the
+    """What the call core asks of the world (``calls/services.CoreServices``), answered from the
     call. It holds the call weakly: the call owns the core, and an ended call must form no
     reference cycle (media/gc_pacer.py)."""
 

@@ -22,31 +22,11 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
+from appbridge.calls import effects as fx
 from appbridge.calls.control import CallControl
-from appbridge.calls.effects import (
-    CancelTransfer,
-    ClearLeg,
-    CompleteTransfer,
-    Effect,
-    EndCall,
-    FetchAudio,
-    OpenSession,
-    ReportBadMessage,
-    SendDtmf,
-    SendError,
-    SendEvent,
-    SpeakText,
-    StartHandoff,
-    StartHold,
-    StartTransfer,
-    StartTts,
-    StopHold,
-    StopTts,
-    UpdateEars,
-    Utterance,
-)
+from appbridge.calls.services import CoreServices
 from appbridge.calls.state import CallState, Lifecycle
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.dtmf import dtmf_pcm16
@@ -69,32 +49,13 @@ from appbridge.protocol.twilio_streams import (
     TwilioMedia,
     decode_twilio,
 )
-from appbridge.speech.base import SpeechError, TtsProvider, VoiceInfo
+from appbridge.speech.base import SpeechError
 
 log = logging.getLogger(__name__)
 
 MAX_AUDIO_FRAME_BYTES: Final = 1024 * 1024
 QUEUE_FULL: Final = "more than 120 s of output is queued"
 _E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
-
-
-class CoreServices(Protocol):
-    """What the core asks of the world: pure look-ups and one reading of the carrier leg."""
-
-    def voice_for(
-        self, voice: str | None, language: str | None
-    ) -> tuple[TtsProvider, VoiceInfo, str]:
-        """The provider, voice and language to speak with (docs/speech.md); raises
-        :class:`SpeechError`."""
-        ...
-
-    def check_language(self, tag: str) -> str:
-        """``tag`` normalised when some voice speaks it; raises :class:`SpeechError`."""
-        ...
-
-    def unplayed_frames(self) -> int:
-        """Frames the active leg holds that the far end has not played yet."""
-        ...
 
 
 class CallCore:
@@ -119,7 +80,7 @@ class CallCore:
         self.out_format: AudioFormat | None = None
         self._raw_conv: Converter | None = None
         self.heard = HeardLine()
-        self._utterances: dict[str, Utterance] = {}
+        self._utterances: dict[str, fx.Utterance] = {}
         self._cleared_streams: set[str] = set()  # ids whose remaining pieces must be dropped
         self._marks: dict[str, tuple[str, str | None]] = {}
         self._mark_seq = 0
@@ -130,14 +91,14 @@ class CallCore:
         self.listen_language: str | None = None
         self.listen_hints: list[str] = []
         self.patience = "normal"
-        self._out: list[Effect] = []
+        self._out: list[fx.Effect] = []
 
-    def _take(self) -> list[Effect]:
+    def _take(self) -> list[fx.Effect]:
         out, self._out = self._out, []
         return out
 
     def _error(self, code: str, message: str, relates_to: str) -> None:
-        self._out.append(SendError(code, message, relates_to))
+        self._out.append(fx.SendError(code, message, relates_to))
 
     # -- set-up ---------------------------------------------------------------------------------
     def attach(self, out_format: AudioFormat) -> OutputQueue:
@@ -155,11 +116,11 @@ class CallCore:
         if self.out_format is not None:
             self._raw_conv = Converter(session_format, self.out_format)
 
-    def reset_output(self) -> list[Effect]:
+    def reset_output(self) -> list[fx.Effect]:
         """A handoff: the old app's output is dropped, its events go nowhere."""
         if self.queue is not None:
             self.queue.clear()
-            self._out.append(ClearLeg())
+            self._out.append(fx.ClearLeg())
         self._out.extend(self.shutdown())
         self._cleared_streams.clear()
         self._marks.clear()
@@ -172,25 +133,25 @@ class CallCore:
         self.listen_hints = []
         self.patience = "normal"
 
-    def shutdown(self) -> list[Effect]:
+    def shutdown(self) -> list[fx.Effect]:
         """The end, or a handoff: held events go nowhere and every utterance stops."""
         self.heard.drop()
-        stops: list[Effect] = [StopTts(utt) for utt in self._utterances.values()]
+        stops: list[fx.Effect] = [fx.StopTts(utt) for utt in self._utterances.values()]
         self._utterances.clear()
         return stops
 
     # -- app messages ---------------------------------------------------------------------------
-    def on_text(self, data: bytes) -> list[Effect]:
+    def on_text(self, data: bytes) -> list[fx.Effect]:
         """A fonoster.session.v1 text frame (docs/protocol-session-v1.md)."""
         msg = sv1.decode_command(data)
         if isinstance(msg, sv1.BadMessage):
-            return [SendError("bad_message", msg.message, msg.relates_to)]
+            return [fx.SendError("bad_message", msg.message, msg.relates_to)]
         if isinstance(msg, sv1.Ignored):
             log.debug("call %s: ignoring message type %r", self.life.call_ref, msg.type)
             return []
         return self.on_command(msg)
 
-    def on_twilio_text(self, data: bytes) -> list[Effect]:
+    def on_twilio_text(self, data: bytes) -> list[fx.Effect]:
         """A Twilio-dialect app's message (docs/protocol-twilio.md): ``media``, ``mark`` and
         ``clear``; the rest is ignored, and malformed input is reported (that dialect has no
         error message)."""
@@ -202,12 +163,12 @@ class CallCore:
         elif isinstance(msg, TwilioClear):
             self._clear()
         elif isinstance(msg, TwilioBadMessage):
-            self._out.append(ReportBadMessage(msg.message))
+            self._out.append(fx.ReportBadMessage(msg.message))
         else:
             log.debug("call %s: ignoring %r from a Twilio-dialect app", self.life.call_ref, msg)
         return self._take()
 
-    def on_audio(self, data: bytes) -> list[Effect]:
+    def on_audio(self, data: bytes) -> list[fx.Effect]:
         """App audio joins the output queue, with no ``output.*`` events
         (docs/protocol-session-v1.md, "Connection and frames")."""
         queue, conv = self.queue, self._raw_conv
@@ -216,29 +177,31 @@ class CallCore:
         if len(data) > MAX_AUDIO_FRAME_BYTES:
             limit = MAX_AUDIO_FRAME_BYTES
             message = f"binary frame of {len(data)} bytes is over the {limit}-byte limit"
-            return [SendError("bad_message", message, "audio")]
+            return [fx.SendError("bad_message", message, "audio")]
         if self.control.on_hold:
             if self._hold_audio_reported:
                 return []
             self._hold_audio_reported = True
-            return [SendError("on_hold", "audio is dropped while the caller is on hold", "audio")]
+            return [
+                fx.SendError("on_hold", "audio is dropped while the caller is on hold", "audio")
+            ]
         try:
             queue.append_raw(conv.convert(data))
         except QueueFull:
             if self._raw_full_reported:
                 return []
             self._raw_full_reported = True
-            return [SendError("queue_full", QUEUE_FULL, "audio")]
+            return [fx.SendError("queue_full", QUEUE_FULL, "audio")]
         self._raw_full_reported = False
         return []
 
-    def on_command(self, cmd: sv1.Command) -> list[Effect]:
+    def on_command(self, cmd: sv1.Command) -> list[fx.Effect]:
         """One decoded command: refused while a rule forbids it (``CallControl.gate``), else
         carried out by its handler."""
         kind = str(cmd.__struct_config__.tag)
         refused = self.control.gate(kind)
         if refused is not None:
-            return [SendError(refused[0], refused[1], cmd.id or kind)]
+            return [fx.SendError(refused[0], refused[1], cmd.id or kind)]
         _HANDLERS[type(cmd)](self, cmd)
         return self._take()
 
@@ -266,29 +229,29 @@ class CallCore:
                 self._error(exc.code, str(exc), relates_to)
                 return
             self._add_item(item_id, preempt=cmd.preempt)
-            utt = Utterance(item_id, relates_to, provider, voice, language)
+            utt = fx.Utterance(item_id, relates_to, provider, voice, language)
             self._utterances[item_id] = utt
-            self._out.append(StartTts(utt))
+            self._out.append(fx.StartTts(utt))
         if cmd.last:
             utt.last_seen = True
-        self._out.append(SpeakText(utt, cmd.text, cmd.last))
+        self._out.append(fx.SpeakText(utt, cmd.text, cmd.last))
 
-    def on_media_ready(self, *, app_reached: bool, fallback_message: str | None) -> list[Effect]:
+    def on_media_ready(self, *, app_reached: bool, fallback_message: str | None) -> list[fx.Effect]:
         """The carrier's media is here: the session opens with the app that was reached, or
         the app's fallback message is spoken, or, with neither, the call ends."""
         if app_reached:
-            return [OpenSession()]
+            return [fx.OpenSession()]
         if fallback_message is not None:
             return self.fall_back(fallback_message)
-        return [EndCall("error")]
+        return [fx.EndCall("error")]
 
-    def fall_back(self, text: str) -> list[Effect]:
+    def fall_back(self, text: str) -> list[fx.Effect]:
         """No app could be reached (at the start, or on a handoff): the call is in ``fallback``
         and says ``text``, then hangs up."""
         self.life.move(CallState.FALLBACK)
         return self.speak_fallback(text)
 
-    def speak_fallback(self, text: str) -> list[Effect]:
+    def speak_fallback(self, text: str) -> list[fx.Effect]:
         """No app could be reached: say the configured message, then hang up."""
         if self.queue is None:
             return []
@@ -296,43 +259,45 @@ class CallCore:
             provider, voice, language = self._services.voice_for(None, None)
         except SpeechError:
             log.exception("call %s: fallback voice unavailable", self.life.call_ref)
-            return [EndCall("error")]
+            return [fx.EndCall("error")]
         item_id = _new_id()
         self._internal_items.add(item_id)
         self.queue.add_item(item_id)
-        utt = Utterance(item_id, "speak", provider, voice, language, last_seen=True)
+        utt = fx.Utterance(item_id, "speak", provider, voice, language, last_seen=True)
         self._utterances[item_id] = utt
-        return [StartTts(utt), SpeakText(utt, text, True)]
+        return [fx.StartTts(utt), fx.SpeakText(utt, text, True)]
 
     def item_audio_ms(self, item_id: str) -> int | None:
         return self.queue.item_audio_ms(item_id) if self.queue is not None else None
 
-    def tts_audio(self, utt: Utterance, audio: bytes, words: Sequence[WordTiming]) -> list[Effect]:
-        """Synthesised audio of ``utt``, in the leg's format. :class:`StopTts` when the item has
-        left the queue (the rest is dropped) or the queue is full."""
+    def tts_audio(
+        self, utt: fx.Utterance, audio: bytes, words: Sequence[WordTiming]
+    ) -> list[fx.Effect]:
+        """Synthesised audio of ``utt``, in the leg's format. ``StopTts`` when the item has left
+        the queue (the rest is dropped) or the queue is full."""
         queue = self.queue
         assert queue is not None
         if words:
             queue.append_words(utt.item_id, words)
         try:
             if not queue.append_audio(utt.item_id, audio):
-                return [StopTts(utt)]  # cleared or preempted
+                return [fx.StopTts(utt)]  # cleared or preempted
         except QueueFull:
             self._fail_item(utt.item_id, "queue_full", QUEUE_FULL, utt.relates_to)
-            self._out.append(StopTts(utt))
+            self._out.append(fx.StopTts(utt))
         return self._take()
 
-    def tts_finished(self, utt: Utterance) -> list[Effect]:
+    def tts_finished(self, utt: fx.Utterance) -> list[fx.Effect]:
         """Every piece of ``utt`` is synthesised: the item is complete."""
         assert self.queue is not None
         self._emit(self.queue.close_item(utt.item_id))
         return self._take()
 
-    def tts_failed(self, utt: Utterance, code: str, message: str) -> list[Effect]:
+    def tts_failed(self, utt: fx.Utterance, code: str, message: str) -> list[fx.Effect]:
         self._fail_item(utt.item_id, code, message, utt.relates_to)
         return self._take()
 
-    def tts_over(self, utt: Utterance) -> None:
+    def tts_over(self, utt: fx.Utterance) -> None:
         """The synthesis of ``utt`` is over, however it ended."""
         if self._utterances.get(utt.item_id) is utt:
             del self._utterances[utt.item_id]
@@ -348,9 +313,9 @@ class CallCore:
             return
         self._add_item(item_id, loop=cmd.loop, preempt=cmd.preempt)
         relates_to = cmd.id if cmd.id is not None else "play"
-        self._out.append(FetchAudio(item_id, cmd.url, relates_to))
+        self._out.append(fx.FetchAudio(item_id, cmd.url, relates_to))
 
-    def fetched(self, item_id: str, audio: bytes, relates_to: str) -> list[Effect]:
+    def fetched(self, item_id: str, audio: bytes, relates_to: str) -> list[fx.Effect]:
         """A ``play`` file's audio, in the leg's format."""
         queue = self.queue
         assert queue is not None
@@ -361,7 +326,7 @@ class CallCore:
             self._fail_item(item_id, "queue_full", QUEUE_FULL, relates_to)
         return self._take()
 
-    def fetch_failed(self, item_id: str, message: str, relates_to: str) -> list[Effect]:
+    def fetch_failed(self, item_id: str, message: str, relates_to: str) -> list[fx.Effect]:
         self._fail_item(item_id, "play_fetch_failed", message, relates_to)
         return self._take()
 
@@ -372,7 +337,7 @@ class CallCore:
         if item_id not in self._internal_items:
             self._error(code, message, relates_to)
         elif self.life.state is CallState.FALLBACK:
-            self._out.append(EndCall("error"))
+            self._out.append(fx.EndCall("error"))
 
     # -- output: marks, clear, preempt, keypresses ----------------------------------------------
     def _mark(self, cmd: sv1.MarkCommand) -> None:
@@ -400,7 +365,7 @@ class CallCore:
         heard = self.heard
         unheard = heard.unheard_by_item(self._services.unplayed_frames())
         events = queue.clear(unheard)
-        self._out.append(ClearLeg())
+        self._out.append(fx.ClearLeg())
         settled = heard.settle_on_clear(unheard)
         if settled:
             events = settled + events
@@ -427,14 +392,14 @@ class CallCore:
             return
         if not utt.last_seen:
             self._cleared_streams.add(item_id)
-        self._out.append(StopTts(utt))
+        self._out.append(fx.StopTts(utt))
 
     def _dtmf_send(self, cmd: sv1.DtmfSend) -> None:
         """Keypresses: out of band where the carrier can, else tones in the output queue."""
         if self.queue is not None:
-            self._out.append(SendDtmf(cmd.digits, cmd.id or "dtmf.send"))
+            self._out.append(fx.SendDtmf(cmd.digits, cmd.id or "dtmf.send"))
 
-    def queue_tones(self, digits: str, relates_to: str) -> list[Effect]:
+    def queue_tones(self, digits: str, relates_to: str) -> list[fx.Effect]:
         """The carrier cannot signal keypresses: in-band tones take their place in the queue."""
         queue, out_format = self.queue, self.out_format
         assert queue is not None and out_format is not None
@@ -454,19 +419,19 @@ class CallCore:
 
     # -- call control ---------------------------------------------------------------------------
     def _hangup(self, cmd: sv1.Hangup) -> None:
-        self._out.append(EndCall("app_hangup", cmd.id))
+        self._out.append(fx.EndCall("app_hangup", cmd.id))
 
     def _hold(self, cmd: sv1.Hold) -> None:
         """The caller hears ``music`` (looped) or silence; the app's queue waits untouched."""
         if self.out_format is not None and self.control.hold():
-            self._out.append(StartHold(cmd.music, cmd.id))
+            self._out.append(fx.StartHold(cmd.music, cmd.id))
 
     def _resume(self, cmd: sv1.Resume) -> None:
         if self.control.transfer_pending == "warm":
-            self._out.append(CancelTransfer())
+            self._out.append(fx.CancelTransfer())
         elif self.control.resume():
             self._hold_audio_reported = False
-            self._out.append(StopHold())
+            self._out.append(fx.StopHold())
 
     def _handoff(self, cmd: sv1.Handoff) -> None:
         """``handoff`` (docs/protocol-session-v1.md, "Call control"): a known app, within the
@@ -479,7 +444,7 @@ class CallCore:
         if limit is not None:
             self._error("bad_message", f"handoff: {limit}", relates_to)
             return
-        self._out.append(StartHandoff(cmd.app, cmd.payload, cmd.id))
+        self._out.append(fx.StartHandoff(cmd.app, cmd.payload, cmd.id))
 
     def handoff_over(self, succeeded: bool) -> None:
         self.control.end_handoff(succeeded)
@@ -502,7 +467,7 @@ class CallCore:
             )
             self._error("transfer_failed", message, cmd.id or "transfer")
             return
-        self._out.append(StartTransfer(cmd))
+        self._out.append(fx.StartTransfer(cmd))
 
     def _transfer_target_ok(self, target: str) -> bool:
         if _E164.match(target):
@@ -518,7 +483,7 @@ class CallCore:
             message = "transfer.complete: no warm transfer is under way"
             self._error("bad_message", message, cmd.id)
             return
-        self._out.append(CompleteTransfer(cmd.id))
+        self._out.append(fx.CompleteTransfer(cmd.id))
 
     # -- listening ------------------------------------------------------------------------------
     def _subscribe(self, cmd: sv1.Subscribe) -> None:
@@ -536,7 +501,7 @@ class CallCore:
         if cmd.patience is not None:
             self.patience = cmd.patience
         self._out.append(
-            UpdateEars(
+            fx.UpdateEars(
                 language=self.listen_language if cmd.language is not None else None,
                 hints=list(cmd.hints) if cmd.hints is not None else None,
                 patience=cmd.patience,
@@ -544,27 +509,27 @@ class CallCore:
         )
 
     # -- the carrier ----------------------------------------------------------------------------
-    def on_carrier_dtmf(self, digit: str) -> list[Effect]:
+    def on_carrier_dtmf(self, digit: str) -> list[fx.Effect]:
         """A keypress: to the app whenever a session is open, on hold too
         (docs/protocol-session-v1.md, "Call control")."""
         if self.life.state is CallState.ACTIVE:
-            return [SendEvent(sv1.DtmfEvent(digit=digit))]
+            return [fx.SendEvent(sv1.DtmfEvent(digit=digit))]
         return []
 
-    def on_carrier_hangup(self, *, handed_over: bool) -> list[Effect]:
+    def on_carrier_hangup(self, *, handed_over: bool) -> list[fx.Effect]:
         """The carrier's side is gone. After a transfer that the carrier carried out, that is
         the transfer's end (``session.end`` ``transfer``, with its id); else the caller hung up."""
         if handed_over:
-            return [EndCall("transfer", self.control.transfer_id, carrier_gone=True)]
-        return [EndCall("caller_hangup", carrier_gone=True)]
+            return [fx.EndCall("transfer", self.control.transfer_id, carrier_gone=True)]
+        return [fx.EndCall("caller_hangup", carrier_gone=True)]
 
     # -- output events --------------------------------------------------------------------------
-    def on_output_events(self, events: list[OutputEvent]) -> list[Effect]:
+    def on_output_events(self, events: list[OutputEvent]) -> list[fx.Effect]:
         """The output queue's events of a tick (``Call._feed``)."""
         self._emit(events)
         return self._take()
 
-    def on_tick(self, tick: int) -> list[Effect]:
+    def on_tick(self, tick: int) -> list[fx.Effect]:
         """Events held for the carrier's lead go once the caller heard what they report."""
         ready = self.heard.advance(tick)
         if ready:
@@ -583,23 +548,23 @@ class CallCore:
         for ev in events:
             if isinstance(ev, MarkReached):
                 name, mark_id = self._marks.pop(ev.name, (ev.name, None))
-                out.append(SendEvent(sv1.MarkEvent(name=name, cleared=ev.cleared, id=mark_id)))
+                out.append(fx.SendEvent(sv1.MarkEvent(name=name, cleared=ev.cleared, id=mark_id)))
                 continue
             if ev.item_id in self._internal_items:
                 if isinstance(ev, OutputDone | OutputInterrupted):
                     self._internal_items.discard(ev.item_id)
                     if self.life.state is CallState.FALLBACK:
-                        out.append(EndCall("error"))
+                        out.append(fx.EndCall("error"))
                 continue
             if isinstance(ev, OutputStarted):
-                out.append(SendEvent(sv1.OutputStarted(id=ev.item_id)))
+                out.append(fx.SendEvent(sv1.OutputStarted(id=ev.item_id)))
             elif isinstance(ev, OutputDone):
-                out.append(SendEvent(sv1.OutputDone(id=ev.item_id, heard_ms=ev.heard_ms)))
+                out.append(fx.SendEvent(sv1.OutputDone(id=ev.item_id, heard_ms=ev.heard_ms)))
             elif isinstance(ev, OutputInterrupted):
                 interrupted = sv1.OutputInterrupted(
                     id=ev.item_id, heard_text=ev.heard_text, heard_ms=ev.heard_ms
                 )
-                out.append(SendEvent(interrupted))
+                out.append(fx.SendEvent(interrupted))
 
 
 #: Each command's handler, by its decoded type.

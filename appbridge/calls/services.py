@@ -1,4 +1,4 @@
-"""What the call engine needs of the gateway: eleven members, named here once.
+"""What the call engine needs of the world: the gateway's eleven members, and the core's three.
 
 A call is built on an object with these members (the running ``Gateway`` has them all), so the
 engine never imports the gateway, and a test of the engine can hand it just what it uses.
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from appbridge.counters import Metrics
     from appbridge.media.media_clock import MediaClock
     from appbridge.media.music import MusicStore
-    from appbridge.speech.base import SttProvider
+    from appbridge.speech.base import SttProvider, TtsProvider, VoiceInfo
     from appbridge.speech.catalog import SpeechCatalog
 
 
@@ -41,4 +41,23 @@ class CallServices(Protocol):
 
     def stt_for(self, voice_id: str, choice: str = "auto") -> SttProvider | None:
         """The recogniser a call of ``voice_id`` listens with (docs/speech.md)."""
+        ...
+
+
+class CoreServices(Protocol):
+    """What the core asks of the world: pure look-ups and one reading of the carrier leg."""
+
+    def voice_for(
+        self, voice: str | None, language: str | None
+    ) -> tuple[TtsProvider, VoiceInfo, str]:
+        """The provider, voice and language to speak with (docs/speech.md); raises
+        :class:`SpeechError`."""
+        ...
+
+    def check_language(self, tag: str) -> str:
+        """``tag`` normalised when some voice speaks it; raises :class:`SpeechError`."""
+        ...
+
+    def unplayed_frames(self) -> int:
+        """Frames the active leg holds that the far end has not played yet."""
         ...
