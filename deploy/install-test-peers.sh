@@ -127,7 +127,27 @@ install_baresip() {
     || fail "baresip was installed without its modules (/usr/lib/baresip/modules)"
 }
 
+# Kamailio in front of several nodes and Redis between them (docs/scaling.md): the cluster tests.
+# The Debian kamailio package carries the dispatcher, rr, sl, tm and jsonrpcs modules they use.
+install_apt_peer() {
+  local command="$1" package="$2"
+  if command -v "$command" >/dev/null 2>&1; then
+    return 0
+  fi
+  if [[ "$(id -u)" != "0" ]] || ! command -v apt-get >/dev/null 2>&1; then
+    fail "$command is missing; install the Debian package $package (needs root and apt-get)"
+  fi
+  echo "install-test-peers: installing $package with apt-get"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package"; } \
+    >/dev/null 2>&1; then
+    fail "apt-get could not install $package"
+  fi
+  command -v "$command" >/dev/null 2>&1 || fail "$package was installed but $command is not on PATH"
+}
+
 install_pipecat
 install_sipp
 install_baresip
+install_apt_peer kamailio kamailio
+install_apt_peer redis-server redis-server
 exit 0
