@@ -1,6 +1,7 @@
 """Transfers: ``transfer`` and ``transfer.complete`` (docs/protocol-session-v1.md, "Call control").
 
-One :class:`TransferFlow` per transfer under way (a call has at most one). The modes:
+The decisions are :class:`~appbridge.calls.transfer_core.TransferCore`'s; this module is its
+shell, one :class:`TransferFlow` per transfer under way (a call has at most one). The modes:
 
 ``cold``
     On a carrier that hands calls over itself (Twilio: the call's TwiML becomes ``<Dial>``) the
@@ -23,21 +24,24 @@ One :class:`TransferFlow` per transfer under way (a call has at most one). The m
 
 A failure is always ``error transfer_failed`` (or the carrier's ``feature_not_supported``) with
 ``relatesTo`` the command's id, and the call goes on as before the transfer. The answer timeout
-is checked on the media clock's ticks against the injected clock, so it is tested in virtual
-time; the carrier's own timer is only a backstop.
+is checked on the media clock's ticks against the injected clock; the carrier's own timer is
+only a backstop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from appbridge.calls import transfer_core as tc
 from appbridge.calls.adapters import PartyEvents
 from appbridge.calls.bridge import Bridge
 from appbridge.calls.carrier_leg import CarrierLeg, TransferError
+from appbridge.calls.transfer_core import ANSWER_TIMEOUT_S, TransferCore
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
@@ -49,8 +53,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The session protocol: "no answer in 30 s: ``error`` ``transfer_failed`` and the caller is back".
-ANSWER_TIMEOUT_S = 30.0
+__all__ = [
+    "ANSWER_TIMEOUT_S",
+    "MUSIC_MAX_MS",
+    "TransferFlow",
+    "begin_transfer",
+    "music_queue",
+    "ringback_pcm16",
+]
+
 #: The ringback a caller hears while a cold transfer rings (ITU-T E.180 / North American
 #: practice: 440 Hz + 480 Hz, 2 s on, 4 s off).
 RINGBACK_HZ = (440.0, 480.0)
@@ -84,98 +95,172 @@ def music_queue(out_format: AudioFormat) -> OutputQueue:
 
 
 class TransferFlow:
-    """One transfer under way (module doc). Created and run by the command handler."""
+    """One transfer under way: carries out what its :class:`TransferCore` decides."""
 
     def __init__(self, call: Call, cmd: sv1.Transfer) -> None:
         self.call = call
-        self.mode = cmd.mode
-        self.command_id = cmd.id
-        self.relates_to = cmd.id or "transfer"
-        self.target = cmd.to
-        self.headers = cmd.headers
-        self.music = cmd.music
-        self.party: CarrierLeg | None = None  # the new party, once it answered (warm)
-        self.caller_waiting = False  # the caller hears music/ringback and is not heard
-        self.deadline: float | None = None
+        leg = call.leg
+        self.core = TransferCore(cmd, native_cold=leg is not None and leg.native_cold_transfer)
+        self.party: CarrierLeg | None = None  # the new party, once it answered
         self._dial: asyncio.Task[CarrierLeg] | None = None
-        self._timed_out = False
-        self._over = False  # the failure path ran (it runs once)
-        self.finished = False
+
+    @property
+    def mode(self) -> str:
+        return self.core.mode
+
+    @property
+    def command_id(self) -> str | None:
+        return self.core.command_id
+
+    @property
+    def caller_waiting(self) -> bool:
+        return self.core.caller_waiting
 
     @property
     def consulting(self) -> bool:
         """A warm transfer whose new party answered: the app talks to the party."""
-        return self.party is not None and not self.finished
+        return self.core.consulting
 
-    # -- running -------------------------------------------------------------------------------
+    @property
+    def hands_over(self) -> bool:
+        return self.core.hands_over
+
+    @property
+    def finished(self) -> bool:
+        return self.core.finished
+
+    # -- inputs, passed to the core --------------------------------------------------------------
     async def run(self) -> None:
-        leg = self.call.leg
-        if leg is None:
-            self._fail(TransferError("transfer_failed", "the call has no carrier leg"))
-            return
-        try:
-            if self.mode == "refer":
-                await leg.refer(self.target, self.headers)
-                self.finished = True
-                await self.call.end("transfer", self.command_id)
-            elif self.mode == "cold" and leg.native_cold_transfer:
-                await leg.transfer(self.target, "cold", self.headers, self.music)
-                self.finished = True
-                await self.call.end("transfer", self.command_id)
-            else:
-                await self._dial_party(leg)
-        except TransferError as exc:
-            self._fail(exc)
-
-    async def _dial_party(self, leg: CarrierLeg) -> None:
         call = self.call
-        self.caller_waiting = True
-        _wait(call, self._wait_queue(ringback=self.mode == "cold"))
-        self.deadline = call.gw.clock.now() + ANSWER_TIMEOUT_S
+        await self._carry_out(self.core.start(call.gw.clock.now(), has_leg=call.leg is not None))
+
+    def on_tick(self, now: float) -> None:
+        self._apply(self.core.on_tick(now))
+
+    def complete(self, command_id: str) -> tuple[sv1.ErrorCode, str] | None:
+        """``transfer.complete``: join the caller and the party; an error when it cannot."""
+        error, steps = self.core.complete(command_id)
+        self._apply(steps)
+        return error
+
+    def on_party_hangup(self) -> None:
+        self.party = None
+        self._apply(self.core.party_hung_up())
+
+    def cancel(self, reason: str) -> None:
+        self._apply(self.core.cancel(reason))
+
+    async def abandon(self) -> None:
+        await self._carry_out(self.core.abandon())
+
+    # -- carrying out the steps ------------------------------------------------------------------
+    async def _carry_out(self, steps: list[tc.Step]) -> None:
+        """Each step in order, awaiting those that wait on the carrier."""
+        for step in steps:
+            pending = _RUNNERS[type(step)](self, step)
+            if pending is not None:
+                await pending
+
+    def _apply(self, steps: list[tc.Step]) -> None:
+        """Each step in order; those that wait on the carrier run as tasks of the call."""
+        for step in steps:
+            pending = _RUNNERS[type(step)](self, step)
+            if pending is not None:
+                self.call.spawn(pending, f"transfer-{type(step).__name__}")
+
+    def _hand_to_carrier(self, step: tc.HandToCarrier) -> Coroutine[Any, Any, None]:
+        return self._carrier_transfer(step)
+
+    async def _carrier_transfer(self, step: tc.HandToCarrier) -> None:
+        leg = self.call.leg
+        assert leg is not None
+        try:
+            if step.mode == "refer":
+                await leg.refer(step.target, step.headers)
+            else:
+                await leg.transfer(step.target, "cold", step.headers, step.music)
+        except TransferError as exc:
+            steps = self.core.failed(exc.code, str(exc))  # type: ignore[arg-type]
+        else:
+            steps = self.core.carrier_done()
+        await self._carry_out(steps)
+
+    def _wait_caller(self, step: tc.WaitCaller) -> None:
+        _wait(self.call, self._wait_queue(step))
+
+    def _dial_party(self, step: tc.DialParty) -> Coroutine[Any, Any, None]:
+        return self._dial_and_report(step)
+
+    async def _dial_and_report(self, step: tc.DialParty) -> None:
+        call = self.call
+        leg = call.leg
+        assert leg is not None
         self._dial = asyncio.ensure_future(
             leg.dial_party(
-                self.target,
+                step.target,
                 caller_id=call.caller_id(),
-                headers=self.headers,
-                timeout_s=ANSWER_TIMEOUT_S + 5.0,  # the carrier's backstop; the tick decides
+                headers=step.headers,
+                timeout_s=step.timeout_s,
             )
         )
         try:
             party = await self._dial
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not self._timed_out or (task is not None and task.cancelling()):
+            if not self.core.timed_out or (task is not None and task.cancelling()):
                 raise
-            raise TransferError(
-                "transfer_failed", f"{self.target} did not answer within {ANSWER_TIMEOUT_S:.0f} s"
-            ) from None
+            steps = self.core.dial_timed_out()
+        except TransferError as exc:
+            steps = self.core.failed(exc.code, str(exc))  # type: ignore[arg-type]
+        else:
+            self.party = party
+            steps = self.core.dial_answered(call_over=call.over)
         finally:
             self._dial = None
-            self.deadline = None
-        if self.finished or call.over:
-            await _hang_up(party)
-            return
-        if self.mode == "cold":
-            self.finished = True
-            _join(call, party)
-            await call.end("transfer", self.command_id)
-            return
-        self.party = party
-        _consult(call, party)
-        log.info("call %s: warm transfer: %s answered", call.call_ref, self.target)
+        await self._carry_out(steps)
 
-    def _wait_queue(self, *, ringback: bool) -> OutputQueue:
+    def _cancel_dial(self, step: tc.CancelDial) -> None:
+        if self._dial is not None:
+            self._dial.cancel()
+
+    def _hang_up_party(self, step: tc.HangUpParty) -> Coroutine[Any, Any, None] | None:
+        party, self.party = self.party, None
+        return _hang_up(party) if party is not None else None
+
+    def _consult(self, step: tc.Consult) -> None:
+        assert self.party is not None
+        _consult(self.call, self.party)
+        log.info("call %s: warm transfer: %s answered", self.call.call_ref, self.core.target)
+
+    def _join(self, step: tc.Join) -> None:
+        party, self.party = self.party, None
+        assert party is not None
+        _join(self.call, party)
+
+    def _end_session(self, step: tc.EndSession) -> Coroutine[Any, Any, None]:
+        return self.call.end("transfer", step.command_id)
+
+    def _stop_waiting(self, step: tc.StopWaiting) -> None:
+        _stop_wait(self.call)
+
+    def _failed(self, step: tc.Failed) -> None:
+        call = self.call
+        _over(call, self)
+        if not call.over:
+            call.send_error(step.code, step.message, step.relates_to)
+
+    def _wait_queue(self, step: tc.WaitCaller) -> OutputQueue:
         """What the caller hears while waiting: ``music`` when given (fetched in the
         background, silence until it arrives), else ringback (cold) or silence (warm)."""
         commands = self.call.commands
         fmt = self.call.core.out_format
         assert fmt is not None
         queue = music_queue(fmt)
-        if self.music:
+        if step.music:
             self.call.spawn(
-                commands.fetch_music(queue, self.music, self.relates_to), "transfer-music"
+                commands.fetch_music(queue, step.music, self.core.relates_to), "transfer-music"
             )
-        elif ringback:
+        elif step.ringback:
             queue.add_item("ringback", loop=True)
             pcm = ringback_pcm16()
             queue.append_audio(
@@ -184,73 +269,19 @@ class TransferFlow:
             queue.close_item("ringback")
         return queue
 
-    # -- events ----------------------------------------------------------------------------------
-    def on_tick(self, now: float) -> None:
-        """The answer timeout, checked on the media clock (module doc)."""
-        if self.deadline is not None and now >= self.deadline and self._dial is not None:
-            self.deadline = None
-            self._timed_out = True
-            self._dial.cancel()
 
-    def complete(self, command_id: str) -> tuple[sv1.ErrorCode, str] | None:
-        """``transfer.complete``: join the caller and the party; an error when it cannot."""
-        if self.mode != "warm" or command_id != self.command_id:
-            return "bad_message", f"transfer.complete: no warm transfer with id {command_id!r}"
-        if self.party is None:
-            return "bad_message", "transfer.complete: the new party has not answered yet"
-        party, self.party = self.party, None
-        self.finished = True
-        call = self.call
-        _join(call, party)
-        call.spawn(call.end("transfer", self.command_id), "end-transfer-complete")
-        return None
-
-    def on_party_hangup(self) -> None:
-        """The new party hung up during the consultation: the caller is back with the app."""
-        if self.finished:
-            return
-        self.party = None
-        self._fail(TransferError("transfer_failed", f"{self.target} hung up before completion"))
-
-    def cancel(self, reason: str) -> None:
-        """``resume`` during a warm transfer: the party is let go, the caller is back."""
-        if self.finished:
-            return
-        if self._dial is not None:
-            self._dial.cancel()
-        party, self.party = self.party, None
-        if party is not None:
-            self.call.spawn(_hang_up(party), "transfer-cancel")
-        self._fail(TransferError("transfer_failed", f"the warm transfer was cancelled by {reason}"))
-
-    async def abandon(self) -> None:
-        """The call is ending: let the party go (a dial in progress is cancelled with the
-        call's tasks)."""
-        self.finished = True
-        party, self.party = self.party, None
-        if party is not None:
-            await _hang_up(party)
-
-    @property
-    def hands_over(self) -> bool:
-        """The carrier takes the caller away (native cold, REFER): its hang-up is the end."""
-        leg = self.call.leg
-        return self.mode == "refer" or (
-            self.mode == "cold" and leg is not None and leg.native_cold_transfer
-        )
-
-    def _fail(self, exc: TransferError) -> None:
-        if self._over:
-            return
-        self._over = True
-        self.finished = True
-        call = self.call
-        if self.caller_waiting:
-            self.caller_waiting = False
-            _stop_wait(call)
-        _over(call, self)
-        if not call.over:
-            call.send_error(exc.code, str(exc), self.relates_to)  # type: ignore[arg-type]
+_RUNNERS: Final[dict[type, Callable[[TransferFlow, Any], Coroutine[Any, Any, None] | None]]] = {
+    tc.HandToCarrier: TransferFlow._hand_to_carrier,
+    tc.WaitCaller: TransferFlow._wait_caller,
+    tc.DialParty: TransferFlow._dial_party,
+    tc.CancelDial: TransferFlow._cancel_dial,
+    tc.HangUpParty: TransferFlow._hang_up_party,
+    tc.Consult: TransferFlow._consult,
+    tc.Join: TransferFlow._join,
+    tc.EndSession: TransferFlow._end_session,
+    tc.StopWaiting: TransferFlow._stop_waiting,
+    tc.Failed: TransferFlow._failed,
+}
 
 
 async def _hang_up(leg: CarrierLeg) -> None:
