@@ -14,11 +14,11 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from appbridge.carriers.sip.framing import SipStreamFramer
 from appbridge.carriers.sip.headers import SipParseError, SipUri
 from appbridge.carriers.sip.message import (
     Request,
     Response,
-    SipStreamFramer,
     apply_received,
     make_response,
     parse_message,

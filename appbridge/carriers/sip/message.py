@@ -16,10 +16,10 @@ still answer 400 (or 505 for another SIP version). Other headers stay raw text, 
 Header values are decoded as UTF-8 with ``surrogateescape``: a stray Latin-1 display name does
 not cost a call, and serialising gives back the octets received.
 
-:class:`SipStreamFramer` cuts a TCP byte stream into messages (§18.3: Content-Length is
-mandatory there). It enforces the 64 KiB limit of docs/sip.md (``kind="too_large"``, status
-513) and reports framing errors as fatal: the shell answers when it can and closes the
-connection.
+:class:`~appbridge.carriers.sip.framing.SipStreamFramer` cuts a TCP byte stream into messages
+(§18.3: Content-Length is mandatory there). It enforces the same 64 KiB limit of docs/sip.md
+(``kind="too_large"``, status 513) and reports framing errors as fatal: the shell answers when
+it can and closes the connection.
 
 Typed accessors (``msg.vias``, ``msg.cseq``, ``msg.from_``...) parse on each call; they cannot
 fail on a message that came out of :func:`parse_message`.
@@ -53,7 +53,6 @@ __all__ = [
     "Request",
     "Response",
     "SipParseError",
-    "SipStreamFramer",
     "apply_received",
     "make_response",
     "new_branch",
@@ -320,7 +319,7 @@ class Response(_Message):
         return f"<Response {self.status} {self.reason}>"
 
 
-def _find_head_end(data: bytes | bytearray) -> tuple[int, int]:
+def find_head_end(data: bytes | bytearray) -> tuple[int, int]:
     """(end of the header section, start of the body), or (-1, -1): CRLF CRLF, or bare LF LF
     from lenient peers."""
     crlf = data.find(b"\r\n\r\n")
@@ -359,7 +358,7 @@ def _split(head_bytes: bytes) -> Request | Response:
     return message
 
 
-def _raw_content_lengths(head_bytes: bytes) -> list[str]:
+def raw_content_lengths(head_bytes: bytes) -> list[str]:
     """The Content-Length values of a header section, without parsing anything else."""
     text = head_bytes.decode("utf-8", "surrogateescape")
     lines = _FOLD_RE.sub(" ", text).split("\n")[1:]
@@ -367,7 +366,7 @@ def _raw_content_lengths(head_bytes: bytes) -> list[str]:
     return [v.strip() for n, _, v in pairs if n.strip().lower() in ("content-length", "l")]
 
 
-def _best_effort(head_bytes: bytes) -> Request | Response | None:
+def best_effort(head_bytes: bytes) -> Request | Response | None:
     try:
         return _split(head_bytes)
     except SipParseError as exc:
@@ -414,7 +413,7 @@ def parse_message(
     """Parse and validate one message.
 
     ``datagram=True`` for UDP (§18.3: body to the end without Content-Length; extra octets
-    dropped). ``datagram=False`` for what :class:`SipStreamFramer` returns: Content-Length is
+    dropped). ``datagram=False`` for what the stream framer returns: Content-Length is
     required and must match. Raises :class:`SipParseError` only.
     """
     if len(data) > max_size:
@@ -422,7 +421,7 @@ def parse_message(
     start = 0
     while data.startswith(b"\r\n", start):  # §7.5: ignore CRLFs before the start line
         start += 2
-    head_end, body_start = _find_head_end(data[start:])
+    head_end, body_start = find_head_end(data[start:])
     if head_end < 0:
         raise SipParseError("Incomplete header section")
     message = _split(data[start : start + head_end])
@@ -469,80 +468,6 @@ def _validate(message: Request | Response) -> None:
         check_date(date)
     if isinstance(message, Request) and cseq.method != message.method:
         raise SipParseError("CSeq method does not match Request-Line")
-
-
-class SipStreamFramer:
-    """Split a stream transport's bytes into single messages (RFC 3261 §18.3).
-
-    ``feed(data)`` returns complete messages (to pass to ``parse_message(datagram=False)``)
-    and errors. After a fatal error the stream cannot be resynchronised: the framer returns
-    nothing more and the shell closes the connection. A partial message waiting for more bytes
-    is ``pending``; a shell closes a connection that stays pending too long (RFC 4475 §3.1.2.2).
-    CRLFs between messages are skipped (§7.5, and RFC 5626 §4.4.1 keepalives).
-    """
-
-    __slots__ = ("_buf", "_max_size", "broken")
-
-    def __init__(self, max_size: int = MAX_MESSAGE_BYTES) -> None:
-        self._buf = bytearray()
-        self._max_size = max_size
-        self.broken = False
-
-    @property
-    def pending(self) -> int:
-        """Octets received that do not yet make a whole message."""
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[bytes | SipParseError]:
-        if self.broken:
-            return []
-        self._buf += data
-        out: list[bytes | SipParseError] = []
-        while True:
-            skip = 0
-            while skip < len(self._buf) and self._buf[skip] in (13, 10):
-                skip += 1
-            if skip:
-                del self._buf[:skip]
-            if not self._buf:
-                return out
-            head_end, body_start = _find_head_end(self._buf)
-            too_large = SipParseError("Message Too Large", 513, kind="too_large")
-            if head_end < 0:
-                if len(self._buf) > self._max_size:
-                    out.append(self._fail(too_large))
-                return out
-            if body_start > self._max_size:
-                out.append(self._fail(too_large))
-                return out
-            head = bytes(self._buf[:head_end])
-            lengths = _raw_content_lengths(head)
-            try:
-                if len(lengths) != 1:
-                    raise SipParseError(
-                        "Multiple Content-Length headers"
-                        if lengths
-                        else "Missing Content-Length header"
-                    )
-                total = body_start + parse_content_length(lengths[0])
-                if total > self._max_size:
-                    raise SipParseError("Message Too Large", 513, kind="too_large")
-            except SipParseError as exc:
-                exc.message = _best_effort(head)
-                out.append(self._fail(exc))
-                return out
-            if len(self._buf) < total:
-                return out
-            out.append(bytes(self._buf[:total]))
-            del self._buf[:total]
-
-    def _fail(self, error: SipParseError) -> SipParseError:
-        self.broken = True
-        self._buf.clear()
-        error.fatal = True
-        if error.kind == "malformed":
-            error.kind = "framing"
-        return error
 
 
 def make_response(

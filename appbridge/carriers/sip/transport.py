@@ -3,7 +3,7 @@
 It does what the package docstring (``carriers/sip/__init__.py``) lists, and nothing more:
 
 1. Frames and parses: UDP datagrams with ``parse_message``, TCP streams with
-   :class:`~.message.SipStreamFramer`. Malformed input gets 400 (505, 513) when
+   :class:`~.framing.SipStreamFramer`. Malformed input gets 400 (505, 513) when
    ``SipParseError.can_respond``; a message over 64 KiB is dropped on UDP and answered 513 on
    TCP (docs/sip.md); everything else that cannot be answered is dropped and counted. A TCP
    connection whose framing broke is closed.
@@ -27,11 +27,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from appbridge.carriers.sip.framing import SipStreamFramer
 from appbridge.carriers.sip.headers import SipParseError
 from appbridge.carriers.sip.message import (
     Request,
     Response,
-    SipStreamFramer,
     apply_received,
     make_response,
     parse_message,

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from appbridge.carriers.sip.auth_header import AuthHeader
 from appbridge.carriers.sip.digest import DigestChallenge, DigestError
+from appbridge.carriers.sip.framing import SipStreamFramer
 from appbridge.carriers.sip.headers import (
     CSeq,
     NameAddr,
@@ -18,7 +19,6 @@ from appbridge.carriers.sip.headers import (
 from appbridge.carriers.sip.message import (
     Request,
     Response,
-    SipStreamFramer,
     make_response,
     parse_message,
 )

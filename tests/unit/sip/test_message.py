@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appbridge.carriers.sip.auth_header import AuthHeader, format_auth
+from appbridge.carriers.sip.framing import SipStreamFramer
 from appbridge.carriers.sip.headers import (
     CSeq,
     NameAddr,
@@ -21,7 +22,6 @@ from appbridge.carriers.sip.message import (
     Headers,
     Request,
     Response,
-    SipStreamFramer,
     apply_received,
     make_response,
     new_branch,

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
+from appbridge.carriers.sip.framing import SipStreamFramer
 from appbridge.carriers.sip.headers import SipParseError
 from appbridge.carriers.sip.message import (
     Request,
     Response,
-    SipStreamFramer,
     make_response,
     parse_message,
 )
