@@ -33,6 +33,7 @@ CORES = [
     "calls/state.py",
     "calls/effects.py",
     "calls/control.py",
+    "calls/transfer_core.py",
     "media/output_queue.py",
     "media/pacing.py",
     "apps/timers.py",
@@ -45,6 +46,7 @@ CORES = [
         for name in (
             "message",
             "headers",
+            "framing",
             "transaction",
             "dialog",
             "digest",
