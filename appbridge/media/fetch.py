@@ -1,10 +1,14 @@
 """Fetching ``play`` media for an app, within bounds (docs/configuration.md, ``[media]``).
 
 Every URL is fetched with bounded size, time and redirects, http/https only, and never from
-loopback, private, link-local or metadata addresses unless the operator allows it
-(``[media] allow_private = true``). Each redirect target is checked again. The host is resolved
-here and every address it resolves to is checked; the request then goes to the checked name
-(a DNS answer that changes between the two is a documented, accepted window).
+loopback, private or link-local addresses unless the operator allows it (``[media]
+allow_private = true``). Cloud metadata services (by name and by address) are refused even
+then: they hand out the host's credentials. Each redirect target is checked again. The host is
+resolved here and every address it resolves to is checked; the request then goes to the checked
+name (a DNS answer that changes between the two is a documented, accepted window).
+
+A URL comes from an app, so whatever is wrong with it (a host that cannot be IDNA-encoded, a bad
+port) is a :class:`FetchError`, answered ``play_fetch_failed``, and never anything else.
 
 Formats (docs/protocol-session-v1.md, ``play``): WAV (PCM or µ-law, any rate), and headerless audio
 named by its Content-Type: ``audio/basic``/``audio/x-mulaw``/``audio/pcmu`` (µ-law, ``rate``
@@ -49,7 +53,28 @@ class DefaultLimits:
     max_redirects: int = 3
 
 
-_METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
+#: Cloud instance-metadata services: refused whatever ``allow_private`` says.
+_METADATA_HOSTS = frozenset(
+    {"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"}
+)
+_METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+        "169.254.169.253",  # AWS's DNS resolver
+        "169.254.170.2",  # AWS ECS task metadata
+        "169.254.169.123",  # AWS time sync
+        "100.100.100.200",  # Alibaba Cloud
+        "fd00:ec2::254",  # AWS over IPv6
+        "fd00:ec2::23",
+    )
+)
+
+
+def _is_metadata(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip in _METADATA_ADDRESSES
 
 
 def _address_blocked(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -73,25 +98,29 @@ async def _check_target(url: str, limits: FetchLimits) -> None:
     host = parts.hostname
     if not host:
         raise FetchError("the URL has no host")
-    if limits.allow_private:
-        return
-    if host.lower() in _METADATA_HOSTS:
+    if host.lower().rstrip(".") in _METADATA_HOSTS:
         raise FetchError(f"{host} is a metadata address")
-    try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(host, parts.port or 80, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise FetchError(f"cannot resolve {host}: {exc.strerror or exc}") from None
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    for ip in addresses:
-        if _address_blocked(ip):
+    for ip in await _addresses(host, parts.port or (443 if parts.scheme == "https" else 80)):
+        if _is_metadata(ip):
+            raise FetchError(f"{host} resolves to {ip}, a cloud metadata address")
+        if not limits.allow_private and _address_blocked(ip):
             raise FetchError(
                 f"{host} resolves to {ip}, a loopback/private/link-local address "
                 "(allowed only with [media] allow_private = true)"
             )
+
+
+async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise FetchError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
 async def fetch_audio(client: httpx.AsyncClient, url: str, limits: FetchLimits) -> DecodedAudio:
@@ -102,6 +131,9 @@ async def fetch_audio(client: httpx.AsyncClient, url: str, limits: FetchLimits) 
         raise FetchError(f"no complete answer within {limits.timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise FetchError(f"{type(exc).__name__}: {exc}") from None
+    except (httpx.InvalidURL, ValueError) as exc:
+        # A host that cannot be IDNA-encoded (UnicodeError), a port out of range: the app's URL.
+        raise FetchError(f"bad URL: {exc}") from None
     return decode_audio(body, content_type)
 
 

@@ -133,6 +133,15 @@ async def test_play_failures_are_play_fetch_failed(env: Env, media_server: Loopb
         ("html", f"{base}/page.html"),
         ("broken", f"{base}/broken.wav"),
         ("ftp", "ftp://example.com/a.wav"),
+        # A host that cannot be IDNA-encoded, a port out of range: the URL's fault, not the call's.
+        ("idna", "http://exa\u2028mple.com/a.wav"),
+        ("empty-label", "http://a..b/a.wav"),
+        ("port", "http://example.com:99999/a.wav"),
+        # Cloud metadata is refused though this gateway allows private addresses.
+        ("metadata-name", "http://metadata.google.internal/computeMetadata/v1/"),
+        ("metadata-short", "http://metadata./"),
+        ("metadata-ip", "http://169.254.169.254/latest/meta-data/"),
+        ("metadata-mapped", "http://[::ffff:169.254.169.254]/latest/"),
     ):
         await session.send({"type": "play", "id": item, "url": url})
         err = await session.wait_for(
@@ -146,6 +155,24 @@ async def test_play_failures_are_play_fetch_failed(env: Env, media_server: Loopb
     )
     assert err["code"] == "play_fetch_failed", err
     await still_works(session)
+    assert session.of_type("session.end") == []
+
+
+async def test_a_redirect_to_cloud_metadata_is_refused(env: Env) -> None:
+    async def redirect(request: Request) -> Response:
+        return Response(status_code=302, headers={"Location": "http://169.254.169.254/latest/"})
+
+    server = LoopbackServer(Starlette(routes=[Route("/{name}", redirect)]))
+    await server.start()
+    try:
+        _, session, _ = await connect(env)
+        await session.send({"type": "hold", "id": "h", "music": f"{server.base_url}/music.wav"})
+        err = await session.wait_for("error", timeout=10)
+        assert err["code"] == "play_fetch_failed" and "metadata" in err["message"], err
+        await session.send({"type": "resume"})
+        await still_works(session)
+    finally:
+        await server.stop()
 
 
 async def test_play_from_private_addresses_needs_the_operator(media_server: LoopbackServer) -> None:
