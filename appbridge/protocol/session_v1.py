@@ -28,7 +28,30 @@ from typing import Annotated, Any, Final, Literal, TypeAlias, get_args
 import msgspec
 from msgspec import Meta, Struct, field
 
+from appbridge.protocol.json_bounds import TOO_DEEP, top_level_strings
 from appbridge.protocol.limits import utf8_size_over
+from appbridge.protocol.session_v1_terms import (
+    DTMF_PAUSE_MS,
+    END_REASONS,
+    ERROR_CODE_MEANINGS,
+    ERROR_CODES,
+    MAX_BINARY_FRAME_BYTES,
+    MAX_HANDOFF_PAYLOAD_BYTES,
+    MAX_ID_CHARS,
+    MAX_TEXT_FRAME_BYTES,
+    OPT_IN_EVENTS,
+    PROTOCOL,
+    Codec,
+    Direction,
+    DtmfDigit,
+    DtmfDigits,
+    EndReason,
+    ErrorCode,
+    Id,
+    NonNegativeMs,
+    RateHz,
+    Unit,
+)
 
 __all__ = [
     "COMMAND_TYPES",
@@ -90,75 +113,6 @@ __all__ = [
     "encode_json",
     "error_event",
 ]
-
-PROTOCOL: Final = "fonoster.session.v1"
-
-MAX_ID_CHARS: Final = 128
-"""Commands may carry an ``id``, any string up to 128 characters (docs/protocol-session-v1.md,
-"Limits")."""
-
-MAX_TEXT_FRAME_BYTES: Final = 65536
-"""Largest JSON text frame accepted from an app (64 KiB; docs/protocol-session-v1.md, "Limits")."""
-
-MAX_BINARY_FRAME_BYTES: Final = 1 << 20
-"""Largest binary audio frame accepted from an app (1 MiB, about 33 s of pcm16 at 16 kHz)."""
-
-MAX_HANDOFF_PAYLOAD_BYTES: Final = 16384
-"""docs/protocol-session-v1.md, "Limits": a ``handoff`` payload is JSON of at most 16 KiB,
-measured as its compact JSON encoding."""
-
-DTMF_PAUSE_MS: Final = 500
-"""A ``,`` in ``dtmf.send`` digits is a pause of this length (the usual dialler convention)."""
-
-Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
-# ``(?!\n)$``: Python's ``$`` also matches before a final newline, ECMA-262's does not; the
-# lookahead makes the code (Python ``re``) and JSON Schema validators agree on "end of string".
-DtmfDigits = Annotated[str, Meta(pattern=r"^[0-9*#A-D,]+(?!\n)$")]
-DtmfDigit = Annotated[str, Meta(pattern=r"^[0-9*#A-D](?!\n)$")]
-Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
-NonNegativeMs = Annotated[int, Meta(ge=0)]
-
-Codec: TypeAlias = Literal["pcm16", "pcmu"]
-RateHz: TypeAlias = Literal[8000, 16000, 24000]
-Direction: TypeAlias = Literal["inbound", "outbound"]
-
-EndReason: TypeAlias = Literal[
-    "caller_hangup", "app_hangup", "transfer", "handoff", "error", "timeout"
-]
-END_REASONS: Final[frozenset[str]] = frozenset(get_args(EndReason))
-
-ErrorCode: TypeAlias = Literal[
-    "bad_message",
-    "read_only",
-    "provider_unavailable",
-    "provider_timeout",
-    "invalid_catalog_id",
-    "feature_not_supported",
-    "transfer_failed",
-    "on_hold",
-    "queue_full",
-    "play_fetch_failed",
-    "internal",
-]
-ERROR_CODE_MEANINGS: Final[dict[str, str]] = {
-    "bad_message": "Unparseable JSON, a missing required field, or a limit exceeded",
-    "read_only": "A listen-only socket sent a command",
-    "provider_unavailable": "The speech or language provider failed",
-    "provider_timeout": "The provider did not answer in time",
-    "invalid_catalog_id": "A voice or language id is not in the catalog",
-    "feature_not_supported": "The provider cannot do what was asked",
-    "transfer_failed": "The transfer target could not be reached",
-    "on_hold": "The command is not allowed while the caller is on hold",
-    "queue_full": "More than 120 s of output is queued",
-    "play_fetch_failed": "The media could not be fetched",
-    "internal": "Anything else",
-}
-ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
-
-OPT_IN_EVENTS: Final[frozenset[str]] = frozenset({"turn.estimate", "transcript.partial"})
-"""docs/protocol-session-v1.md, ``subscribe``: the events an app receives only after subscribing to
-them."""
-
 
 # --------------------------------------------------------------------------------------------
 # Commands, app -> gateway
@@ -526,13 +480,17 @@ def _oversized_relates_to(frame: bytes | str) -> str:
 
 
 def _classify_failure(
-    frame: bytes | str, error: msgspec.MsgspecError, known: dict[str, type[Struct]]
+    frame: bytes | str, error: Exception, known: dict[str, type[Struct]]
 ) -> Ignored | BadMessage:
     """The slow path, taken only when the one-pass decode failed."""
+    if isinstance(error, RecursionError):
+        return _too_deep(frame, known)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return BadMessage(f"not valid JSON: {error}", _UNKNOWN)
     try:
         obj = _any_decoder.decode(frame)
+    except RecursionError:
+        return _too_deep(frame, known)
     except msgspec.MsgspecError as exc:
         # The typed pass stops at the first invalid value, before any later syntax error.
         return BadMessage(f"not valid JSON: {exc}", _UNKNOWN)
@@ -547,6 +505,19 @@ def _classify_failure(
     return BadMessage(f"{msg_type}: {error}", _relates_to(obj, msg_type))
 
 
+def _too_deep(frame: bytes | str, known: dict[str, type[Struct]]) -> Ignored | BadMessage:
+    """A message nested too deeply to decode (``protocol/json_bounds.py``): ``bad_message``,
+    related to its ``id`` or ``type`` when its top level names them; a type this version does
+    not know is ignored, however it is shaped."""
+    fields = top_level_strings(frame, ("type", "id"))
+    msg_type = fields.get("type")
+    if msg_type is None:
+        return BadMessage(TOO_DEEP, _relates_to(fields, _UNKNOWN))
+    if msg_type not in known:
+        return Ignored(msg_type)
+    return BadMessage(f"{msg_type}: {TOO_DEEP}", _relates_to(fields, msg_type))
+
+
 def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
     """Decodes one text frame from an app; never raises.
 
@@ -559,7 +530,7 @@ def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
         )
     try:
         command = _command_decoder.decode(frame)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:
         return _classify_failure(frame, exc, COMMAND_TYPES)
     if type(command) is Handoff and command.payload is not None:
         size_bytes = len(_encoder.encode(command.payload))
@@ -578,7 +549,7 @@ def decode_event(frame: bytes | str) -> Event | Ignored | BadMessage:
     """
     try:
         return _event_decoder.decode(frame)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:
         return _classify_failure(frame, exc, EVENT_TYPES)
 
 

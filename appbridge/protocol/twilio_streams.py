@@ -31,6 +31,7 @@ from typing import Final, Literal, TypeAlias
 import msgspec
 from msgspec import Struct, field
 
+from appbridge.protocol.json_bounds import TOO_DEEP
 from appbridge.protocol.limits import utf8_size_over
 
 __all__ = [
@@ -232,13 +233,18 @@ def _too_large(frame: bytes | str) -> bool:
 
 
 def _classify_failure(
-    frame: bytes | str, error: msgspec.MsgspecError, known: frozenset[str]
+    frame: bytes | str, error: Exception, known: frozenset[str]
 ) -> TwilioIgnored | TwilioBadMessage:
-    """The slow path, taken only when the one-pass decode failed."""
+    """The slow path, taken only when the one-pass decode failed. A message nested too deeply
+    to decode is bad like any other (``protocol/json_bounds.py``)."""
+    if isinstance(error, RecursionError):
+        return TwilioBadMessage(TOO_DEEP)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return TwilioBadMessage(f"not valid JSON: {error}")
     try:
         obj = _any_decoder.decode(frame)
+    except RecursionError:
+        return TwilioBadMessage(TOO_DEEP)
     except msgspec.MsgspecError as exc:
         # The typed pass stops at the first invalid value, before any later syntax error.
         return TwilioBadMessage(f"not valid JSON: {exc}")
@@ -267,11 +273,11 @@ def decode_twilio(
     if sender == "twilio":
         try:
             return _from_twilio_decoder.decode(frame)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:
             return _classify_failure(frame, exc, _TWILIO_EVENTS)
     try:
         return _from_app_decoder.decode(frame)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:
         return _classify_failure(frame, exc, _APP_EVENTS)
 
 

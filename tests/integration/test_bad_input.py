@@ -19,6 +19,8 @@ from appbridge.testing.fake_twilio import LoopbackServer
 from tests.integration.conftest import API_TOKEN, Env, gateway_env
 from tests.integration.test_session_protocol import connect
 
+DEEP = "[" * 9000 + "]" * 9000  # 18 KB of nesting
+
 
 async def still_works(session, item: str = "probe") -> None:  # type: ignore[no-untyped-def]
     await session.send({"type": "speak", "id": item, "text": "Still working."})
@@ -76,6 +78,10 @@ async def test_malformed_messages_get_bad_message_and_the_call_goes_on(env: Env)
         (json.dumps({"type": "mark", "id": "x" * 129, "name": "n"}), "mark"),  # id too long
         (json.dumps({"type": "play", "id": "p0"}), "p0"),  # missing url
         (json.dumps({"type": "speak", "text": "x" * 70_000}), "speak"),  # text frame over 64 KiB
+        # Nested deeper than any decoder goes: a handoff payload of 18 KB, and worse.
+        ('{"type":"handoff","id":"h1","app":"demo","payload":' + DEEP + "}", "h1"),
+        ('{"payload":' + DEEP + ',"type":"handoff","app":"demo"}', "handoff"),
+        (DEEP, "unknown"),
     ]
     for raw, relates_to in cases:
         await session.send_text(raw)
@@ -104,8 +110,9 @@ async def test_garbage_from_twilio_is_logged_and_the_call_goes_on(env: Env) -> N
         )
     )
     await call.send_raw(json.dumps({"event": "whatever"}))
+    await call.send_raw('{"event":"media","media":' + DEEP + "}")  # nested too deeply to decode
     await still_works(session)
-    assert env.gw.metrics.carrier_bad_messages >= 3
+    assert env.gw.metrics.carrier_bad_messages >= 4
 
 
 async def test_play_fetches_wav_and_raw_ulaw(env: Env, media_server: LoopbackServer) -> None:

@@ -38,6 +38,8 @@ CORES = [
     "media/pacing.py",
     "apps/timers.py",
     "protocol/session_v1.py",
+    "protocol/session_v1_terms.py",
+    "protocol/json_bounds.py",
     "protocol/twilio_streams.py",
     "protocol/signing.py",
     "config/model.py",
