@@ -33,6 +33,10 @@ DEAD_ABOVE_BYTES: Final = 8 * 1024 * 1024
 WS_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 
 
+#: Statuses by which an app refuses the gateway's signature: retrying cannot heal them.
+SIGNATURE_REFUSED: Final = frozenset({401, 403})
+
+
 class AppUnreachable(Exception):
     def __init__(self, url: str, attempts: int, last_error: str) -> None:
         # Only scheme://host:port is ever logged (app URLs may carry tokens in the path).
@@ -213,6 +217,7 @@ async def dial(
     """Dial ``url``, signing each attempt (docs/protocol-session-v1.md, "Connection and frames").
 
     With ``retry`` the attempts go on for the 2.5 s retry window; raise AppUnreachable after.
+    An app that refuses the signature (401 or 403) is not retried: that cannot heal in 2.5 s.
     """
     loop = asyncio.get_running_loop()
     link = AppLink(url, clock, loop)
@@ -236,8 +241,15 @@ async def dial(
             )
         except WsConnectError as exc:
             last_error = str(exc)
+            if exc.status in SIGNATURE_REFUSED:
+                last_error = (
+                    f"the app answered HTTP {exc.status}: it refused the gateway's signature "
+                    "(check the app's signing_secret); not retried"
+                )
             if on_attempt_failed is not None:
                 on_attempt_failed(window.attempts + 1, last_error)
+            if exc.status in SIGNATURE_REFUSED:
+                raise AppUnreachable(url, window.attempts + 1, last_error) from None
             next_at = window.on_failure(clock.now()) if retry else None
             if next_at is None:
                 raise AppUnreachable(url, window.attempts, last_error) from None

@@ -49,7 +49,6 @@ class DialResult:
 async def dial_with_fallbacks(
     services: CallServices, config: Config, app: AppConfig | None, call_ref: str
 ) -> DialResult:
-    """Dial ``app``, following its fallback rules (module doc)."""
     """Dial ``app``, following its fallback rules (docs/protocol-session-v1.md, "Connection and
     frames")."""
     hops = 0

@@ -36,7 +36,12 @@ OPEN_CLIENTS: weakref.WeakSet[WsClient] = weakref.WeakSet()
 
 
 class WsConnectError(Exception):
-    """The connection or the opening handshake failed."""
+    """The connection or the opening handshake failed. ``status`` is the HTTP status of a
+    handshake the server refused (RFC 6455 §4.1: anything but 101), else None."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class WsClient(asyncio.Protocol):
@@ -159,7 +164,10 @@ class WsClient(asyncio.Protocol):
                 if self._proto.handshake_exc is not None:
                     if not self._handshake.done():
                         self._handshake.set_exception(
-                            WsConnectError(f"handshake refused: {self._proto.handshake_exc}")
+                            WsConnectError(
+                                f"handshake refused: {self._proto.handshake_exc}",
+                                status=event.status_code,
+                            )
                         )
                 elif not self._handshake.done():
                     self._handshake.set_result(None)

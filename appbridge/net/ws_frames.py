@@ -218,8 +218,14 @@ class FrameCutter:
         self._head = b""
         head, data = split
         self._to_proto(head)
-        if data:
-            self.feed(data)
+        if not data:
+            return
+        if not self._masked and not self._is_open():
+            # A client whose handshake was refused (401, 403...): the response's body follows
+            # its head, and websockets reads it to report the refusal.
+            self._hand_over(data)
+            return
+        self.feed(data)
 
     def feed(self, data: bytes) -> None:
         if self._pending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -315,12 +316,18 @@ async def test_the_caller_hanging_up_mid_await(sdk: SdkEnv) -> None:
     assert session.end is not None and session.end.reason == "caller_hangup"
 
 
-async def test_a_gateway_with_the_wrong_secret_never_reaches_the_handler() -> None:
+async def test_a_gateway_with_the_wrong_secret_never_reaches_the_handler(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="appbridge.calls.app_session")
     async with sdk_env(gateway_secret="not-the-apps-secret") as sdk:
         call = await sdk.env.twilio.place_call("+15550001111", "+15550002222")
-        # Every attempt of the 2.5 s retry window is refused; with no fallback the call ends.
-        assert sdk.handled == 0 and sdk.server.refused >= 1
+        # The app answers 401: a refused signature does not heal, so it is not retried, and
+        # the log says what happened. With no fallback the call ends.
+        assert sdk.handled == 0 and sdk.server.refused == 1
         assert call.twiml_verbs == ["Hangup"] and not call.has_stream
+    said = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(said) == 1 and "HTTP 401" in said[0] and "signature" in said[0], said
 
 
 async def test_direct_bad_requests_get_401(sdk: SdkEnv) -> None:
