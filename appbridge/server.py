@@ -8,9 +8,10 @@ gateway's own, not uvicorn's:
   calls at once (a rotated signing secret takes effect immediately; docs/operations.md, "Signals");
   live calls go on untouched; an invalid one is refused with its problems logged and the old one
   stays.
-* SIGTERM drains: ``/readyz`` answers 503, new calls are refused, live calls may finish for
-  ``server.drain_timeout_s``; then the rest are ended and the process exits. A second SIGTERM, or
-  SIGINT, stops at once.
+* SIGTERM drains: from the handler on, ``/readyz`` answers 503, out-of-dialog OPTIONS and new
+  calls get 503 (docs/sip.md, "OPTIONS"), live calls may finish for ``server.drain_timeout_s``;
+  then the rest are ended and the process exits 0 (docs/operations.md, "Signals"). A second
+  SIGTERM, or SIGINT, stops at once.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class _Signals:
             log.warning("second SIGTERM: stopping now")
             self.stop_now.set()
         else:
+            # Marked here, not when the main task wakes up: a probe or an INVITE read in the
+            # same loop iteration already sees the drain.
+            self.gw.draining = True
             log.info("SIGTERM: draining (new calls refused, live calls may finish)")
             self.drain_requested.set()
 
@@ -162,7 +166,9 @@ async def _drain(
     stop_now: asyncio.Event,
     stop_task: asyncio.Task[bool],
 ) -> None:
-    """New calls are refused; live ones may end within ``drain_timeout_s``."""
+    """New calls are refused; live ones may end within ``drain_timeout_s``. Those still up at
+    the deadline are ended by ``Gateway.stop`` (reason ``timeout``) and the exit code stays 0
+    (docs/operations.md, "Signals")."""
     gw.draining = True
     deadline = loop.time() + gw.config.server.drain_timeout_s
     while len(gw.registry) and loop.time() < deadline and not stop_now.is_set():

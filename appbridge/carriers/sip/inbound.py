@@ -17,8 +17,11 @@ Flow of one call (RFC 3261 §13.3, RFC 3264 §6):
 5. BYE from the caller: 200, then ``on_carrier_hangup`` (``caller_hangup``). The app ending the
    call sends our BYE (``SipLeg.hangup``).
 6. A re-INVITE from the caller (their hold: sendonly/inactive, or resume) is answered per
-   RFC 3264 §8.4 and the leg follows the new description. OPTIONS gets 200; INFO with
-   ``application/dtmf-relay`` is a keypress.
+   RFC 3264 §8.4 and the leg follows the new description. INFO with ``application/dtmf-relay``
+   is a keypress.
+7. OPTIONS out of a dialog (a trunk's or a dispatcher's probe) gets 200 while new calls are taken
+   and 503 with Retry-After while admission refuses them (draining, ``max_calls``, the CPU limit),
+   so a proxy in front routes around the node (docs/sip.md, "OPTIONS"); in a dialog it gets 200.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DIGITS = set("0123456789*#ABCD")
+#: Seconds a refused caller (or a probing proxy) is asked to wait (RFC 3261 §21.5.4, §20.33).
+RETRY_AFTER_S = "5"
 
 
 @dataclass(eq=False)
@@ -128,7 +133,7 @@ class SipInbound:
             elif method == "BYE":
                 self._bye(message, peer)
             elif method == "OPTIONS":
-                self._respond(message, peer, 200, headers=[("Allow", ALLOW), ("Accept", SDP_TYPE)])
+                self._options(message, peer)
             elif method == "INFO":
                 self._info(message, peer)
             else:
@@ -186,6 +191,20 @@ class SipInbound:
             request, peer, status, reason, to_tag=to_tag, headers=headers, body=body
         )
 
+    def _options(self, options: Request, peer: Peer) -> None:
+        """OPTIONS (RFC 3261 §11): out of a dialog it is a probe of whether this node takes calls,
+        so it answers 503 with Retry-After whenever a new INVITE would be refused, and a
+        dispatcher that probes with OPTIONS stops sending calls here (docs/sip.md, "OPTIONS").
+        With a To tag it is a keepalive of a live call, which a drain must not cut: always 200.
+        The 503 is not counted in ``rejected``: no call was offered."""
+        headers = [("Allow", ALLOW), ("Accept", SDP_TYPE)]
+        if options.to.tag is None and self.gw.admission_refusal() is not None:
+            self.transport.respond(
+                options, peer, 503, headers=[("Retry-After", RETRY_AFTER_S), *headers]
+            )
+            return
+        self._respond(options, peer, 200, headers=headers)
+
     def _contact(self, request: Request, peer: Peer) -> NameAddr:
         host = self.cfg.public_address or self.transport.local_host
         if host in ("0.0.0.0", "::"):
@@ -213,7 +232,7 @@ class SipInbound:
             self._respond(invite, peer, 404)
             return
         if intake.refusal(gw) is not None:
-            self._respond(invite, peer, 503, headers=[("Retry-After", "5")])
+            self._respond(invite, peer, 503, headers=[("Retry-After", RETRY_AFTER_S)])
             return
         if not invite.body:
             self._respond(invite, peer, 488, "An SDP offer is required")

@@ -440,6 +440,8 @@ class SipUac:
         elif method == "INVITE":
             self._reinvite(d, request, peer)
         elif method in ("OPTIONS", "INFO"):
+            # In a dialog, OPTIONS is a keepalive of this call: 200 even while draining, so a
+            # drain cuts no live call (docs/sip.md, "OPTIONS").
             self.transport.respond(request, peer, 200, headers=[("Allow", ALLOW)])
         else:
             self.transport.respond(request, peer, 405, headers=[("Allow", ALLOW)])
