@@ -43,6 +43,7 @@ from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.fetch import FetchError, fetch_audio
 from appbridge.media.output_queue import OutputQueue, QueueFull, WordTiming
 from appbridge.speech.base import SpeechError
+from appbridge.speech.pauses import pause_to_add_ms, tail_bytes, trailing_silence_ms
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -144,13 +145,14 @@ class CommandShell:
 
     async def _synthesise(self, utt: Utterance, synth: _Synth) -> None:
         """Synthesise ``utt`` a sentence at a time as its text arrives, handing each chunk to
-        the core in the leg's format."""
+        the core in the leg's format, with the pause between sentences kept (speech/pauses.py)."""
         core = self.core
         out_format = core.out_format
         assert out_format is not None
         offset_ms = 0.0
         conv: Converter | None = None
         carry = ""
+        pause_ms = 0  # silence owed before the next sentence synthesised apart
         try:
             while True:
                 if not synth.pending and not synth.last:
@@ -163,6 +165,10 @@ class CommandShell:
                 final = synth.last
                 ready, carry = (text, "") if final else _split_sentences(text)
                 if ready.strip():
+                    if pause_ms:
+                        self.run(core.tts_audio(utt, out_format.silence(pause_ms), []))
+                        offset_ms += pause_ms
+                    tail = b""
                     stream = utt.provider.synthesize(ready, utt.voice, utt.language)
                     async with contextlib.aclosing(stream):
                         async for chunk in stream:
@@ -172,8 +178,14 @@ class CommandShell:
                             self.run(core.tts_audio(utt, conv.convert(chunk.pcm16), words))
                             if synth.stopped:
                                 return  # cleared, preempted or failed: drop the rest
+                            tail = (tail + chunk.pcm16)[-tail_bytes(chunk.rate_hz) :]
                     length = core.item_audio_ms(utt.item_id)
                     offset_ms = float(length) if length is not None else offset_ms
+                    ended_sentence = _SENTENCE_END.search(ready[-4:] + " ") is not None
+                    rate = conv.src.rate_hz if conv is not None else 0
+                    pause_ms = (
+                        pause_to_add_ms(trailing_silence_ms(tail, rate)) if ended_sentence else 0
+                    )
                 if final and not carry:
                     self.run(core.tts_finished(utt))
                     return

@@ -151,6 +151,50 @@ async def test_say_stream_is_one_utterance(sdk: SdkEnv) -> None:
     assert len(call.heard_ulaw()) / 8000 > 1.5
 
 
+def _pauses(ulaw: bytes, min_ms: int = 150) -> list[int]:
+    """The silences of at least ``min_ms`` between sounds in 8 kHz µ-law, in 10 ms steps."""
+    pcm = ulaw_decode(ulaw)
+    runs, run, sounded = [], 0, False
+    for i in range(0, len(pcm) // 160 * 160, 160):
+        loud = max(abs(s) for s in pcm[i : i + 80 : 4]) >= 200
+        if loud:
+            if sounded and run * 10 >= min_ms:
+                runs.append(run * 10)
+            run, sounded = 0, True
+        else:
+            run += 1
+    return runs
+
+
+STREAMED = ("Hello there. ", "How are you today? ", "I can help with your order. ", "Goodbye.")
+
+
+async def test_streamed_text_keeps_the_pauses_between_sentences() -> None:
+    async def stream(session: Session) -> None:
+        async def pieces() -> AsyncIterator[str]:
+            for piece in STREAMED:
+                await asyncio.sleep(0.3)  # each sentence arrives on its own
+                yield piece
+
+        await session.say_stream(pieces())
+        await session.hangup()
+
+    async def whole(session: Session) -> None:
+        await session.say("".join(STREAMED))
+        await session.hangup()
+
+    heard = {}
+    for name, handler in (("whole", whole), ("streamed", stream)):
+        async with sdk_env(handler) as sdk:
+            call, _ = await sdk.call()
+            await call.wait_closed(timeout=20)
+            heard[name] = _pauses(call.heard_ulaw())
+    # Three sentence pauses of about 300 ms either way (speech/pauses.py).
+    assert len(heard["whole"]) == 3, heard
+    assert len(heard["streamed"]) == 3, heard
+    assert all(250 <= ms <= 400 for ms in heard["streamed"]), heard
+
+
 async def test_play_and_a_play_that_cannot_be_fetched(
     sdk: SdkEnv,
     media_server: LoopbackServer,  # noqa: F811
