@@ -50,6 +50,8 @@ CORES = [
             "message",
             "headers",
             "framing",
+            "header_values",
+            "extensions",
             "transaction",
             "dialog",
             "digest",

@@ -7,7 +7,12 @@ Content-Length says. This module cuts the stream into messages for
 
 from __future__ import annotations
 
-from appbridge.carriers.sip.headers import SipParseError, parse_content_length
+from appbridge.carriers.sip.header_values import (
+    parse_content_length,
+)
+from appbridge.carriers.sip.headers import (
+    SipParseError,
+)
 from appbridge.carriers.sip.message import (
     MAX_MESSAGE_BYTES,
     best_effort,

@@ -1,4 +1,4 @@
-"""SIP header values: URIs, name-addr, Via, CSeq, auth parameters (RFC 3261 §19, §20, §25).
+"""SIP header values: URIs, name-addr, Via, auth parameters (RFC 3261 §19, §20, §25).
 
 Theory of operation
 -------------------
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from appbridge.carriers.sip.message import Request, Response
 
 Params = tuple[tuple[str, str | None], ...]
-
-MAX_CSEQ = 2**32 - 1  # RFC 3261 §8.1.1.5: a 32-bit unsigned integer
-MAX_FORWARDS_LIMIT = 255  # RFC 3261 §20.22 (the RFC 4475 §3.1.2.4 torture value is 300)
 
 
 class SipParseError(ValueError):
@@ -74,12 +71,20 @@ class SipParseError(ValueError):
         # headers go back as received, or absent (RFC 4475 §3.3.1 still wants the 400).
         return msg.headers.get("Via") is not None and msg.headers.get("CSeq") is not None
 
+    @property
+    def can_respond_on_stream(self) -> bool:
+        """True when a response can still go back on the connection the request came in on
+        (TCP, RFC 3261 §18.2.2: the stream is the way back), though Via or CSeq is missing."""
+        from appbridge.carriers.sip.message import Request
+
+        msg = self.message
+        return isinstance(msg, Request) and msg.method != "ACK"
+
 
 # RFC 3261 §25.1 character classes.
 _ALNUM = "A-Za-z0-9"
-_TOKEN_CLASS = _ALNUM + r"\-.!%*_+`'~"
-TOKEN_RE = re.compile(f"[{_TOKEN_CLASS}]+")
-_WORD_RE = re.compile(r"[A-Za-z0-9\-.!%*_+`'~()<>:\\\"/\[\]?{}]+")
+TOKEN_CLASS = _ALNUM + r"\-.!%*_+`'~"
+TOKEN_RE = re.compile(f"[{TOKEN_CLASS}]+")
 _ESC = "%[0-9A-Fa-f]{2}"
 _UNRESERVED = _ALNUM + r"\-_.!~*'()"
 _USER_RE = re.compile(f"(?:[{_UNRESERVED}&=+$,;?/]|{_ESC})+")
@@ -90,12 +95,8 @@ _HOST_RE = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):(.*)", re.DOTALL)
 _OPAQUE_RE = re.compile(r"[^\s<>\"]+")
 _TEL_RE = re.compile(r"[0-9A-Fa-f*#+().\-]+")
-_GEN_VALUE_RE = re.compile(f"[{_TOKEN_CLASS}\\[\\]:]+")
-_TOKEN_DISPLAY_RE = re.compile(f"([{_TOKEN_CLASS}]+(?:[ \\t]+[{_TOKEN_CLASS}]+)*)[ \\t]*<")
-_DATE_RE = re.compile(
-    r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} "
-    r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d{2}:\d{2}:\d{2} GMT"
-)
+_GEN_VALUE_RE = re.compile(f"[{TOKEN_CLASS}\\[\\]:]+")
+_TOKEN_DISPLAY_RE = re.compile(f"([{TOKEN_CLASS}]+(?:[ \\t]+[{TOKEN_CLASS}]+)*)[ \\t]*<")
 MAGIC_COOKIE = "z9hG4bK"  # RFC 3261 §8.1.1.7
 
 # RFC 3261 §7.3.3 compact forms, plus the registered ones for headers we name (IANA registry).
@@ -483,7 +484,7 @@ def parse_name_addr_list(value: str, what: str) -> list[NameAddr]:
 
 
 _VIA_HEAD_RE = re.compile(
-    f"([{_TOKEN_CLASS}]+)[ \\t]*/[ \\t]*([{_TOKEN_CLASS}]+)[ \\t]*/[ \\t]*([{_TOKEN_CLASS}]+)"
+    f"([{TOKEN_CLASS}]+)[ \\t]*/[ \\t]*([{TOKEN_CLASS}]+)[ \\t]*/[ \\t]*([{TOKEN_CLASS}]+)"
     r"[ \t]+(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(?:[ \t]*:[ \t]*(\d{1,5}))?"
 )
 
@@ -555,54 +556,3 @@ class Via(_HasParams):
     @property
     def maddr(self) -> str | None:
         return self.param("maddr")
-
-
-@dataclass(frozen=True, slots=True)
-class CSeq:
-    """``CSeq: 1*DIGIT LWS Method`` (RFC 3261 §20.16); the number must fit 32 bits (§8.1.1.5,
-    RFC 4475 §3.1.2.4)."""
-
-    seq: int
-    method: str
-
-    @classmethod
-    def parse(cls, text: str) -> CSeq:
-        m = re.fullmatch(f"[ \\t]*(\\d{{1,10}})[ \\t]+([{_TOKEN_CLASS}]+)[ \\t]*", text)
-        if m is None or int(m.group(1)) > MAX_CSEQ:
-            raise SipParseError("Malformed CSeq header")
-        return cls(int(m.group(1)), m.group(2))
-
-    def __str__(self) -> str:
-        return f"{self.seq} {self.method}"
-
-
-def parse_call_id(text: str) -> str:
-    """``Call-ID: word ["@" word]`` (RFC 3261 §20.8)."""
-    value = text.strip()
-    local, _, host = value.partition("@")
-    if not _WORD_RE.fullmatch(local) or ("@" in value and not _WORD_RE.fullmatch(host)):
-        raise SipParseError("Malformed Call-ID header")
-    return value
-
-
-def parse_max_forwards(text: str) -> int:
-    """``Max-Forwards: 1*DIGIT``, 0 to 255 (RFC 3261 §20.22)."""
-    value = text.strip()
-    if not value.isascii() or not value.isdigit() or int(value) > MAX_FORWARDS_LIMIT:
-        raise SipParseError("Malformed Max-Forwards header")
-    return int(value)
-
-
-def parse_content_length(text: str) -> int:
-    """``Content-Length: 1*DIGIT`` (RFC 3261 §20.14). A sign or a non-digit is a framing error
-    the parser must never turn into a negative length (RFC 4475 §3.1.2.3)."""
-    value = text.strip()
-    if not value.isascii() or not value.isdigit() or len(value) > 10:
-        raise SipParseError("Malformed Content-Length header")
-    return int(value)
-
-
-def check_date(text: str) -> None:
-    """``Date`` is an RFC 1123 date in GMT only (RFC 3261 §20.17, RFC 4475 §3.1.2.12)."""
-    if _DATE_RE.fullmatch(text.strip()) is None:
-        raise SipParseError("Malformed Date header")

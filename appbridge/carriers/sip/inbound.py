@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from appbridge.calls import intake
 from appbridge.carriers.sip.dialog import AckTimeout, AnswerRetransmitter, Dialog, DialogError
+from appbridge.carriers.sip.extensions import unsupported_required
 from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DIGITS = set("0123456789*#ABCD")
+_ALLOWED = frozenset(method.strip() for method in ALLOW.split(","))
 #: Seconds a refused caller (or a probing proxy) is asked to wait (RFC 3261 §21.5.4, §20.33).
 RETRY_AFTER_S = "5"
 
@@ -115,6 +117,12 @@ class SipInbound:
 
     # -- TransactionUser -------------------------------------------------------------------------
     def on_message(self, message: Request | Response, peer: Peer, now: float) -> None:
+        if isinstance(message, Request) and message.method in _ALLOWED:
+            unsupported = unsupported_required(message)
+            if unsupported:  # RFC 3261 §8.2.2.3 (after §8.2.1's 405), calls in both directions
+                headers = [("Unsupported", ", ".join(unsupported))]
+                self.transport.respond(message, peer, 420, headers=headers)
+                return
         if self.outbound is not None and self.outbound.on_message(message, peer, now):
             return
         if isinstance(message, Response):

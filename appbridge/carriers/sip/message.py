@@ -31,18 +31,20 @@ import re
 import secrets
 from collections.abc import Iterable, Iterator
 
-from appbridge.carriers.sip.headers import (
+from appbridge.carriers.sip.header_values import (
     CSeq,
+    check_date,
+    parse_call_id,
+    parse_content_length,
+    parse_max_forwards,
+)
+from appbridge.carriers.sip.headers import (
     NameAddr,
     SipParseError,
     SipUri,
     Via,
     canonical_name,
-    check_date,
     is_token,
-    parse_call_id,
-    parse_content_length,
-    parse_max_forwards,
     parse_name_addr_list,
     split_list,
 )

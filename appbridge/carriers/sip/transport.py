@@ -243,17 +243,18 @@ class SipTransport:
                 if not data:
                     break
                 self.stats.received += 1
+                untrusted = False
                 for item in conn.framer.feed(data):
                     if isinstance(item, SipParseError):
-                        self._stream_error(item, conn)
+                        untrusted |= self._stream_error(item, conn)
                         continue
                     try:
                         message = parse_message(item, datagram=False)
                     except SipParseError as err:
-                        self._stream_error(err, conn)
+                        untrusted |= self._stream_error(err, conn)
                         continue
                     self._dispatch(message, source, reliable=True, conn=conn)
-                if conn.framer.broken:
+                if conn.framer.broken or untrusted:
                     break
         except (ConnectionError, OSError):
             pass
@@ -264,11 +265,18 @@ class SipTransport:
             writer.close()
             self._effects(self.layer.transport_error(("tcp", conn.conn_id), self.clock.now()))
 
-    def _stream_error(self, err: SipParseError, conn: _TcpConn) -> None:
+    def _stream_error(self, err: SipParseError, conn: _TcpConn) -> bool:
+        """Answer a bad message on a stream; True when the connection must close. A request
+        without Via or CSeq is still answered on its connection, but no transaction of that
+        peer can be told apart from the next, so the stream is not trusted further."""
         if err.can_respond:
             self._answer_error(err, ("tcp", conn.conn_id), reliable=True)
-        else:
-            self.stats.dropped += 1
+            return False
+        if err.can_respond_on_stream:
+            self._answer_error(err, ("tcp", conn.conn_id), reliable=True)
+            return True
+        self.stats.dropped += 1
+        return False
 
     def _answer_error(self, err: SipParseError, peer: Peer, *, reliable: bool) -> None:
         request = err.message

@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 from appbridge.carriers.sip.auth_header import AuthHeader
 from appbridge.carriers.sip.digest import DigestChallenge, DigestError
 from appbridge.carriers.sip.framing import SipStreamFramer
-from appbridge.carriers.sip.headers import (
+from appbridge.carriers.sip.header_values import (
     CSeq,
+)
+from appbridge.carriers.sip.headers import (
     NameAddr,
     SipParseError,
     SipUri,

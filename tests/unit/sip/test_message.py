@@ -6,15 +6,17 @@ import pytest
 
 from appbridge.carriers.sip.auth_header import AuthHeader, format_auth
 from appbridge.carriers.sip.framing import SipStreamFramer
-from appbridge.carriers.sip.headers import (
+from appbridge.carriers.sip.header_values import (
     CSeq,
+    parse_content_length,
+    parse_max_forwards,
+)
+from appbridge.carriers.sip.headers import (
     NameAddr,
     SipParseError,
     SipUri,
     Via,
     canonical_name,
-    parse_content_length,
-    parse_max_forwards,
     split_list,
 )
 from appbridge.carriers.sip.message import (
