@@ -382,7 +382,10 @@ def test_build_steps_make_a_compiled_venv_that_checks_the_node_configs(tmp_path:
     tree: the deps, the one mypyc build, ``python -m appbridge.compiled``; then the built
     ``appbridge check-config`` accepts the example node configs. About two minutes, once."""
     if shutil.which("git") is None or shutil.which("cc") is None:
-        pytest.fail("the build needs git and a C compiler (deploy/install-test-peers.sh)")
+        reason = "the build needs git and a C compiler, as `make install` does"
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
     src = tracked_tree(tmp_path / "src")
     venv = tmp_path / "venv"
     env = {**os.environ, "PYTHON": sys.executable}
