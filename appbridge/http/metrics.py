@@ -2,8 +2,8 @@
 
 The media path keeps counting in plain ints (appbridge/counters.py, the legs, the media clock);
 :class:`GatewayCollector` reads them only when a scraper asks, so a frame never touches a
-prometheus_client object (docs/operations.md, "Metrics"). The names, types, labels and help texts
-below are the ones docs/operations.md lists; dashboards and bench/report.py read them.
+prometheus_client object (docs/operations.md, "Metrics"). The names, types and labels below are
+the ones docs/operations.md lists; dashboards and bench/report.py read them.
 """
 
 from __future__ import annotations
