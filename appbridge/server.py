@@ -32,13 +32,16 @@ from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server
 log = logging.getLogger("appbridge")
 
 
-def _setup_logging() -> None:
-    level = os.environ.get("APPBRIDGE_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(config: Config) -> None:
+    """``[logging]`` (docs/configuration.md): text or JSON lines on stderr; APPBRIDGE_LOG_LEVEL
+    overrides the level, and a ``[cluster] node_id`` is put on every JSON line."""
+    from appbridge import logs
+
+    settings = config.logging
+    level = os.environ.get("APPBRIDGE_LOG_LEVEL") or settings.level
+    cluster = getattr(config, "cluster", None)
+    node = getattr(cluster, "node_id", None) if cluster is not None else None
+    logs.configure(settings.format, level, node=node or None, stream=sys.stderr)
 
 
 def _known_voice() -> Callable[[str], bool] | None:
@@ -197,7 +200,7 @@ def _report_build() -> None:
 
 
 def serve(config: Config, config_path: str | None = None) -> int:
-    _setup_logging()
+    _setup_logging(config)
     for warning in getattr(config, "warnings", ()):
         log.warning("%s", warning)
     if config.sip is not None:

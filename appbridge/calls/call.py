@@ -60,6 +60,7 @@ from appbridge.calls.listening import Ears
 from appbridge.calls.state import CallState
 from appbridge.calls.transfer import TransferFlow
 from appbridge.config import AppConfig
+from appbridge.logs import call_context
 from appbridge.media.codecs import AudioFormat
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
@@ -177,7 +178,10 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
 
     # -- tasks ------------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{self.call_ref}:{name}")
+        # Run in a context naming this call, so its log records carry callRef (appbridge/logs.py).
+        task = asyncio.get_running_loop().create_task(
+            coro, name=f"{self.call_ref}:{name}", context=call_context(self)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

@@ -17,6 +17,7 @@ from typing import Any
 
 from appbridge.config.apps import parse_apps, parse_numbers
 from appbridge.config.carriers import parse_sip, parse_twilio
+from appbridge.config.logging import parse_logging
 from appbridge.config.model import AppConfig, Config, ConfigError, ServerConfig, SpeechConfig
 from appbridge.config.schema import Reader
 from appbridge.config.server import parse_api, parse_http, parse_media, parse_server
@@ -69,7 +70,7 @@ def parse_config(
 ) -> Config:
     """Validate parsed TOML; raises :class:`ConfigError` listing every problem."""
     reader = Reader(os.environ if env is None else env)
-    reader.check_keys("", data, TOP_LEVEL_KEYS)
+    reader.check_keys("", data, (*TOP_LEVEL_KEYS, "logging"))  # [logging]: config/logging.py
     server = parse_server(reader, data, Path(base_dir) if base_dir is not None else Path.cwd())
     http = parse_http(reader, data)
     api = parse_api(reader, data)
@@ -80,6 +81,7 @@ def parse_config(
     known_voice = with_provider_voices(known_voice, speech)
     apps = parse_apps(reader, data, known_voice=known_voice, rest_enabled=http is not None)
     numbers = parse_numbers(reader, data, apps)
+    logging_config = parse_logging(reader, data)
     _check_across_sections(reader, server, twilio is not None, speech, apps)
     if reader.problems:
         raise ConfigError(reader.problems)
@@ -95,6 +97,7 @@ def parse_config(
         warnings=tuple(reader.warnings),
         media=media,
         speech=speech,
+        logging=logging_config,
     )
 
 

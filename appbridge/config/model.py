@@ -244,6 +244,23 @@ class SpeechConfig:
     tts_cache_mb: int = DEFAULT_TTS_CACHE_MB
 
 
+# -- [logging] -------------------------------------------------------------------------------
+LogFormat: TypeAlias = Literal["text", "json"]
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    """``[logging]``: one text line per event, or one JSON object per line for a log shipper
+    (docs/configuration.md, ``[logging]``). ``APPBRIDGE_LOG_LEVEL`` overrides ``level``."""
+
+    format: LogFormat = "text"
+    level: str = "info"
+
+
+# -- end of [logging] ------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class NumberRoute:
     """``[[numbers]]``: the app answering a called number (E.164, or ``"*"`` for the rest)."""
@@ -267,6 +284,7 @@ class Config:
     warnings: tuple[str, ...] = ()
     media: MediaConfig = field(default_factory=MediaConfig)
     speech: SpeechConfig | None = None
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     _routes: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

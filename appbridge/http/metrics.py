@@ -1,165 +1,215 @@
-"""``GET /metrics``: Prometheus text exposition (version 0.0.4) of the gateway's counters."""
+"""``GET /metrics``: the gateway's counters in the Prometheus text format, via prometheus_client.
+
+The media path keeps counting in plain ints (appbridge/counters.py, the legs, the media clock);
+:class:`GatewayCollector` reads them only when a scraper asks, so a frame never touches a
+prometheus_client object (docs/operations.md, "Metrics"). The names, types and labels below are
+the ones docs/operations.md lists; dashboards and bench/report.py read them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
 
-
-class _Exposition:
-    """Lines of the text format: ``# HELP``, ``# TYPE`` and the samples of each metric."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def metric(
-        self, name: str, kind: str, help_text: str, samples: list[tuple[str, float]]
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            self.lines.append(f"{name}{labels} {value:g}")
-
-    def one(self, name: str, kind: str, help_text: str, value: float) -> None:
-        self.metric(name, kind, help_text, [("", value)])
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayCollector", "node_id", "render_metrics"]
 
 
 def render_metrics(gw: Gateway) -> str:
-    out = _Exposition()
-    _calls(out, gw)
-    _audio_dropped(out, gw)
-    _media_clock(out, gw)
-    _tts_cache(out, gw)
-    _gc(out, gw)
-    return "\n".join(out.lines) + "\n"
+    """One scrape: every family :class:`GatewayCollector` yields, as exposition text."""
+    return generate_latest(GatewayCollector(gw)).decode("utf-8")
 
 
-def _calls(out: _Exposition, gw: Gateway) -> None:
-    m = gw.metrics
-    out.one("appbridge_calls_live", "gauge", "Calls in progress.", len(gw.registry))
-    out.one(
-        "appbridge_asyncio_tasks",
-        "gauge",
-        "Tasks of the event loop; a soak checks it stays flat.",
-        len(asyncio.all_tasks()),
-    )
-    out.one(
-        "appbridge_calls_started_total", "counter", "Calls accepted.", gw.registry.total_started
-    )
-    out.one(
-        "appbridge_calls_rejected_total",
-        "counter",
-        "Calls refused (capacity or draining).",
-        gw.registry.total_rejected,
-    )
-    out.metric(
-        "appbridge_calls_ended_total",
-        "counter",
-        "Calls ended, by session.end reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(m.calls_ended.items())] or [("", 0)],
-    )
-    out.one(
-        "appbridge_app_unreachable_total",
-        "counter",
-        "App dials that failed for the whole window.",
-        m.app_unreachable,
-    )
-    out.one(
-        "appbridge_bad_signatures_total",
-        "counter",
-        "Carrier requests refused for their signature.",
-        m.bad_signatures,
-    )
-    out.one(
-        "appbridge_carrier_bad_messages_total",
-        "counter",
-        "Malformed carrier messages.",
-        m.carrier_bad_messages,
-    )
+def node_id(gw: Gateway) -> str | None:
+    """The node's id from ``[cluster] node_id`` when the configuration has one (docs/operations.md,
+    "Metrics"); read loosely so a configuration without the section works."""
+    cluster = getattr(gw.config, "cluster", None)
+    node = getattr(cluster, "node_id", None) if cluster is not None else None
+    return str(node) if node else None
 
 
-def _audio_dropped(out: _Exposition, gw: Gateway) -> None:
-    m = gw.metrics
-    to_app, to_carrier = m.audio_dropped_to_app, m.audio_dropped_to_carrier
-    for call in gw.registry:
-        if call.link is not None:
-            to_app += call.link.audio_dropped_frames
-        if call.leg is not None:
-            to_carrier += call.leg.audio_dropped
-    out.metric(
-        "appbridge_audio_frames_dropped_total",
-        "counter",
-        "Audio frames dropped because the receiving peer read too slowly (never waited on).",
-        [('{to="app"}', to_app), ('{to="carrier"}', to_carrier)],
-    )
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value)
 
 
-def _media_clock(out: _Exposition, gw: Gateway) -> None:
-    clock = gw.media_clock
-    hist = clock.lateness
-    snap = hist.snapshot()
-    name = "appbridge_media_tick_lateness_ms"
-    lines = out.lines
-    lines.append(f"# HELP {name} How late each 20 ms media tick started.")
-    lines.append(f"# TYPE {name} histogram")
-    cumulative = 0
-    for bound, count in zip(snap["buckets_ms"], snap["counts"], strict=True):  # type: ignore[call-overload]
-        cumulative += count
-        le = "+Inf" if bound >= 1e9 else f"{bound:g}"
-        lines.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
-    lines.append(f"{name}_sum {hist.sum_ms:g}")
-    lines.append(f"{name}_count {hist.total}")
-    out.one("appbridge_media_tick_resyncs_total", "counter", "Media clock resyncs.", clock.resyncs)
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
 
 
-def _tts_cache(out: _Exposition, gw: Gateway) -> None:
-    cache = gw.catalog.tts_cache
-    if cache is None:
-        return
-    out.metric(
-        "appbridge_tts_cache_requests_total",
-        "counter",
-        "Speech requests by whether the finished utterance was cached (speech/cache.py).",
-        [('{result="hit"}', cache.stats.hits), ('{result="miss"}', cache.stats.misses)],
-    )
-    out.one("appbridge_tts_cache_bytes", "gauge", "PCM held by the utterance cache.", cache.bytes)
+class GatewayCollector:
+    """A prometheus_client collector over one gateway: each ``collect`` reads the counters as they
+    are at that moment. It is handed straight to ``generate_latest`` (no global registry), so two
+    gateways in one process, as in the tests, never share or collide."""
 
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
 
-def _gc(out: _Exposition, gw: Gateway) -> None:
-    pacer = getattr(gw, "gc_pacer", None)
-    if pacer is None:
-        return
-    passes = pacer.pacer
-    out.one(
-        "appbridge_gc_full_passes_total",
-        "counter",
-        "Full garbage collections run between media ticks (media/gc_pacer.py).",
-        passes.passes,
-    )
-    out.one(
-        "appbridge_gc_early_passes_total",
-        "counter",
-        "Those of them run before their period was up: enough new objects to walk.",
-        passes.early_passes,
-    )
-    out.one(
-        "appbridge_gc_deep_passes_total",
-        "counter",
-        "Those of them that also walked the frozen objects (gc.unfreeze first).",
-        passes.deep_passes,
-    )
-    out.one(
-        "appbridge_gc_full_pass_seconds_total",
-        "counter",
-        "Time spent in those passes, with the loop stopped.",
-        round(passes.total_s, 6),
-    )
-    out.one(
-        "appbridge_gc_full_pass_max_seconds",
-        "gauge",
-        "The longest of those passes.",
-        round(passes.max_s, 6),
-    )
+    def collect(self) -> Iterator[Metric]:
+        yield from self._calls()
+        yield from self._carrier_and_app()
+        yield self._audio_dropped()
+        yield from self._media_clock()
+        yield from self._tts_cache()
+        yield from self._gc()
+        yield from self._node()
+
+    def _node(self) -> Iterator[Metric]:
+        gw = self.gw
+        node = node_id(gw)
+        if node is not None:
+            info = GaugeMetricFamily(
+                "appbridge_node_info", "The cluster node this gateway is.", labels=("node",)
+            )
+            info.add_metric((node,), 1)
+            yield info
+        yield _gauge(
+            "appbridge_draining",
+            "1 while draining (SIGTERM): /readyz answers 503 and new calls are refused.",
+            1 if gw.draining else 0,
+        )
+        m = gw.metrics
+        yield _counter(
+            "appbridge_cluster_redis_errors_total",
+            "Cluster directory operations that failed against Redis.",
+            m.cluster_redis_errors,
+        )
+        yield _counter(
+            "appbridge_cluster_forwarded_requests_total",
+            "Requests forwarded to the node that owns the call.",
+            m.cluster_forwarded,
+        )
+
+    def _calls(self) -> Iterator[Metric]:
+        gw = self.gw
+        yield _gauge("appbridge_calls_live", "Calls in progress.", len(gw.registry))
+        yield _gauge(
+            "appbridge_asyncio_tasks",
+            "Tasks of the event loop; a soak checks it stays flat.",
+            len(asyncio.all_tasks()),
+        )
+        yield _counter(
+            "appbridge_calls_started_total", "Calls accepted.", gw.registry.total_started
+        )
+        yield _counter(
+            "appbridge_calls_rejected_total",
+            "Calls refused (capacity or draining).",
+            gw.registry.total_rejected,
+        )
+        ended = CounterMetricFamily(
+            "appbridge_calls_ended_total", "Calls ended, by session.end reason.", labels=("reason",)
+        )
+        for reason, count in sorted(gw.metrics.calls_ended.items()):
+            ended.add_metric((reason,), count)
+        if not gw.metrics.calls_ended:
+            ended.add_metric((), 0)  # one unlabelled zero, so the family is never empty
+        yield ended
+
+    def _carrier_and_app(self) -> Iterator[Metric]:
+        m = self.gw.metrics
+        yield _counter(
+            "appbridge_app_unreachable_total",
+            "App dials that failed for the whole window.",
+            m.app_unreachable,
+        )
+        yield _counter(
+            "appbridge_bad_signatures_total",
+            "Carrier requests refused for their signature.",
+            m.bad_signatures,
+        )
+        yield _counter(
+            "appbridge_carrier_bad_messages_total",
+            "Malformed carrier messages.",
+            m.carrier_bad_messages,
+        )
+
+    def _audio_dropped(self) -> Metric:
+        """Ended calls' drops are in the counters; the live calls' own are added here."""
+        gw = self.gw
+        to_app, to_carrier = gw.metrics.audio_dropped_to_app, gw.metrics.audio_dropped_to_carrier
+        for call in gw.registry:
+            if call.link is not None:
+                to_app += call.link.audio_dropped_frames
+            if call.leg is not None:
+                to_carrier += call.leg.audio_dropped
+        family = CounterMetricFamily(
+            "appbridge_audio_frames_dropped_total",
+            "Audio frames dropped because the receiving peer read too slowly (never waited on).",
+            labels=("to",),
+        )
+        family.add_metric(("app",), to_app)
+        family.add_metric(("carrier",), to_carrier)
+        return family
+
+    def _media_clock(self) -> Iterator[Metric]:
+        clock = self.gw.media_clock
+        hist = clock.lateness
+        snap = hist.snapshot()
+        buckets: list[tuple[str, float]] = []
+        cumulative = 0
+        for bound, count in zip(snap["buckets_ms"], snap["counts"], strict=True):  # type: ignore[call-overload]
+            cumulative += count
+            buckets.append(("+Inf" if bound >= 1e9 else f"{bound:g}", cumulative))
+        # The family's _count is its +Inf bucket, which is every tick the histogram saw.
+        yield HistogramMetricFamily(
+            "appbridge_media_tick_lateness_ms",
+            "How late each 20 ms media tick started.",
+            buckets=buckets,
+            sum_value=hist.sum_ms,
+        )
+        yield _counter("appbridge_media_tick_resyncs_total", "Media clock resyncs.", clock.resyncs)
+
+    def _tts_cache(self) -> Iterator[Metric]:
+        cache = self.gw.catalog.tts_cache
+        if cache is None:
+            return
+        requests = CounterMetricFamily(
+            "appbridge_tts_cache_requests_total",
+            "Speech requests by whether the finished utterance was cached (speech/cache.py).",
+            labels=("result",),
+        )
+        requests.add_metric(("hit",), cache.stats.hits)
+        requests.add_metric(("miss",), cache.stats.misses)
+        yield requests
+        yield _gauge("appbridge_tts_cache_bytes", "PCM held by the utterance cache.", cache.bytes)
+
+    def _gc(self) -> Iterator[Metric]:
+        pacer = getattr(self.gw, "gc_pacer", None)
+        if pacer is None:
+            return
+        passes = pacer.pacer
+        yield _counter(
+            "appbridge_gc_full_passes_total",
+            "Full garbage collections run between media ticks (media/gc_pacer.py).",
+            passes.passes,
+        )
+        yield _counter(
+            "appbridge_gc_early_passes_total",
+            "Those of them run before their period was up: enough new objects to walk.",
+            passes.early_passes,
+        )
+        yield _counter(
+            "appbridge_gc_deep_passes_total",
+            "Those of them that also walked the frozen objects (gc.unfreeze first).",
+            passes.deep_passes,
+        )
+        yield _counter(
+            "appbridge_gc_full_pass_seconds_total",
+            "Time spent in those passes, with the loop stopped.",
+            round(passes.total_s, 6),
+        )
+        yield _gauge(
+            "appbridge_gc_full_pass_max_seconds",
+            "The longest of those passes.",
+            round(passes.max_s, 6),
+        )

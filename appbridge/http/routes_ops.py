@@ -12,12 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from appbridge.http.metrics import render_metrics
+from appbridge.http.metrics import CONTENT_TYPE_LATEST, render_metrics
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
 
-METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_MEDIA_TYPE = CONTENT_TYPE_LATEST
 
 
 async def healthz(gw: Gateway, request: Request) -> Response:

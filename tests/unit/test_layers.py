@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2] / "appbridge"
 #: Bottom first. A layer may hold several packages that use each other.
 LAYERS: list[set[str]] = [
     {"__init__", "clock", "env_knobs", "weakable", "compiled", "counters", "protocol", "net"},
-    {"config", "media"},
+    {"config", "media", "logs"},
     {"speech", "turn"},
     {"apps"},
     {"calls"},

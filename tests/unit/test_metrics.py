@@ -1,0 +1,135 @@
+"""``GET /metrics`` through prometheus_client (appbridge/http/metrics.py; docs/operations.md,
+"Metrics"): the exposition parses, keeps its names and types, and carries the per-node families."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from appbridge.config import default_config
+from appbridge.gateway import Gateway
+from appbridge.http.app import build_app
+from appbridge.http.metrics import node_id, render_metrics
+from bench.report import parse_metric
+
+# Every family of /metrics with its type: dashboards and bench/report.py read them.
+FAMILIES = {
+    "appbridge_calls_live": "gauge",
+    "appbridge_asyncio_tasks": "gauge",
+    "appbridge_calls_started": "counter",
+    "appbridge_calls_rejected": "counter",
+    "appbridge_calls_ended": "counter",
+    "appbridge_app_unreachable": "counter",
+    "appbridge_bad_signatures": "counter",
+    "appbridge_carrier_bad_messages": "counter",
+    "appbridge_audio_frames_dropped": "counter",
+    "appbridge_media_tick_lateness_ms": "histogram",
+    "appbridge_media_tick_resyncs": "counter",
+    "appbridge_tts_cache_requests": "counter",
+    "appbridge_tts_cache_bytes": "gauge",
+    "appbridge_gc_full_passes": "counter",
+    "appbridge_gc_early_passes": "counter",
+    "appbridge_gc_deep_passes": "counter",
+    "appbridge_gc_full_pass_seconds": "counter",
+    "appbridge_gc_full_pass_max_seconds": "gauge",
+    "appbridge_draining": "gauge",
+    "appbridge_cluster_redis_errors": "counter",
+    "appbridge_cluster_forwarded_requests": "counter",
+}
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Gateway]:
+    gateway = Gateway(default_config(port=8080, sip_port=None))
+    try:
+        yield gateway
+    finally:
+        await gateway.http.aclose()
+
+
+def families(text: str) -> dict[str, Any]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def fake_call(ref: str, to_app: int, to_carrier: int) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        call_ref=ref,
+        link=types.SimpleNamespace(audio_dropped_frames=to_app),
+        leg=types.SimpleNamespace(audio_dropped=to_carrier),
+    )
+
+
+async def test_every_family_keeps_its_name_and_type(gw: Gateway) -> None:
+    parsed = families(render_metrics(gw))
+    for name, kind in FAMILIES.items():
+        assert name in parsed, name
+        assert parsed[name].type == kind, name
+    assert "appbridge_node_info" not in parsed  # no [cluster] node_id
+
+
+async def test_help_texts_and_sample_lines_stay(gw: Gateway) -> None:
+    text = render_metrics(gw)
+    assert "# HELP appbridge_calls_live Calls in progress.\n" in text
+    assert "# TYPE appbridge_calls_started_total counter\n" in text
+    assert "# HELP appbridge_calls_ended_total Calls ended, by session.end reason.\n" in text
+    assert "\nappbridge_calls_ended_total 0.0\n" in text  # the family is never empty
+    assert '\nappbridge_media_tick_lateness_ms_bucket{le="+Inf"} ' in text
+    assert '\nappbridge_tts_cache_requests_total{result="hit"} ' in text
+
+
+async def test_counters_are_read_at_scrape_time(gw: Gateway) -> None:
+    gw.metrics.calls_ended.update({"app_hangup": 3, "caller_hangup": 4})
+    gw.metrics.audio_dropped_to_app = 5
+    gw.metrics.cluster_redis_errors = 2
+    gw.metrics.cluster_forwarded = 7
+    for i in range(400):
+        gw.registry._live[f"c{i}"] = fake_call(f"c{i}", 1, 2)  # type: ignore[assignment]
+    text = render_metrics(gw)
+    assert parse_metric(text, "appbridge_calls_live") == 400
+    assert parse_metric(text, "appbridge_calls_ended_total") == 7
+    assert parse_metric(text, "appbridge_calls_ended_total", {"reason": "app_hangup"}) == 3
+    assert parse_metric(text, "appbridge_audio_frames_dropped_total", {"to": "app"}) == 405
+    assert parse_metric(text, "appbridge_audio_frames_dropped_total", {"to": "carrier"}) == 800
+    assert parse_metric(text, "appbridge_cluster_redis_errors_total") == 2
+    assert parse_metric(text, "appbridge_cluster_forwarded_requests_total") == 7
+    assert parse_metric(text, "appbridge_draining") == 0
+    gw.draining = True
+    assert parse_metric(render_metrics(gw), "appbridge_draining") == 1
+
+
+async def test_lateness_histogram_counts_every_tick(gw: Gateway) -> None:
+    hist = gw.media_clock.lateness
+    for late_ms in (0.1, 0.7, 4.0, 250.0):
+        hist.record(late_ms)
+    family = families(render_metrics(gw))["appbridge_media_tick_lateness_ms"]
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("appbridge_media_tick_lateness_ms_bucket", "0.5")] == 1
+    assert samples[("appbridge_media_tick_lateness_ms_bucket", "5")] == 3
+    assert samples[("appbridge_media_tick_lateness_ms_bucket", "+Inf")] == 4
+    assert samples[("appbridge_media_tick_lateness_ms_count", None)] == hist.total == 4
+    assert samples[("appbridge_media_tick_lateness_ms_sum", None)] == pytest.approx(hist.sum_ms)
+
+
+async def test_node_info_once_the_configuration_names_the_node(gw: Gateway) -> None:
+    assert node_id(gw) is None
+    cluster = types.SimpleNamespace(node_id="gw-a")
+    gw.config = types.SimpleNamespace(cluster=cluster)  # type: ignore[assignment]
+    assert node_id(gw) == "gw-a"
+    info = families(render_metrics(gw))["appbridge_node_info"]
+    assert info.type == "gauge"
+    assert [(s.labels, s.value) for s in info.samples] == [({"node": "gw-a"}, 1.0)]
+
+
+async def test_the_route_answers_with_the_library_content_type(gw: Gateway) -> None:
+    transport = httpx.ASGITransport(app=build_app(gw))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == CONTENT_TYPE_LATEST
+    assert "appbridge_calls_live" in families(response.text)
