@@ -41,6 +41,7 @@ def _setup_logging(config: Config) -> None:
     level = os.environ.get("APPBRIDGE_LOG_LEVEL") or settings.level
     cluster = getattr(config, "cluster", None)
     node = getattr(cluster, "node_id", None) if cluster is not None else None
+    logs.add_secrets(logs.config_secrets(config))
     logs.configure(settings.format, level, node=node or None, stream=sys.stderr)
 
 
@@ -103,6 +104,9 @@ class _Signals:
                 "SIGHUP: cannot read %s: %s; keeping the running configuration", config_path, exc
             )
             return
+        from appbridge import logs
+
+        logs.add_secrets(logs.config_secrets(new))
         self.gw.reload(new)
 
 

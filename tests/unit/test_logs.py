@@ -170,3 +170,56 @@ def test_the_node_id_of_a_cluster_section_goes_on_the_lines(
 
     server._setup_logging(WithCluster())  # type: ignore[arg-type]
     assert nodes == ["gw-b"]
+
+
+# -- secrets never logged (appbridge/logs.py, redact) -----------------------------------------
+def test_redact_removes_credentials_userinfo_queries_and_known_secrets() -> None:
+    logs.add_secrets(["hunter2-secret"])
+    cases = {
+        "> Authorization: Basic YWxpY2U6cHc=": "> Authorization: Basic [redacted]",
+        "authorization=Bearer abc.def": "authorization=Bearer [redacted]",
+        "Proxy-Authorization: Digest username=x": "Proxy-Authorization: Digest [redacted]",
+        "> GET /session?token=abc&x=1 HTTP/1.1": "> GET /session?[redacted] HTTP/1.1",
+        "dial wss://bob:pw@app.example/s?k=v": "dial wss://[redacted]@app.example/s?[redacted]",
+        "the secret is hunter2-secret.": "the secret is [redacted].",
+        "did it work? yes": "did it work? yes",
+    }
+    for text, want in cases.items():
+        assert logs.redact(text) == want, text
+
+
+def test_config_secrets_finds_every_secret_field_at_any_depth() -> None:
+    config = parse_config(
+        {
+            "http": {"account_sid": "AC" + "0" * 32, "auth_token": "tok-http-1"},
+            "api": {"tokens": ["tok-api-1", "tok-api-2"]},
+            "apps": [{"ref": "a", "url": "ws://127.0.0.1:9/x", "signing_secret": "sig-app-1"}],
+            "numbers": [{"number": "*", "app": "a"}],
+        },
+        {},
+    )
+    found = logs.config_secrets(config)
+    assert {"tok-http-1", "tok-api-1", "tok-api-2", "sig-app-1"} <= found
+    assert "AC00000000000000000000000000000000" not in found and "a" not in found
+
+
+def test_every_record_is_redacted_as_it_is_made() -> None:
+    base = logging.getLogRecordFactory()
+    logs.install_redaction()
+    try:
+        _check_a_library_record()
+    finally:
+        logging.setLogRecordFactory(base)
+
+
+def _check_a_library_record() -> None:
+    record = logging.getLogger("websockets.client").makeRecord(
+        "websockets.client",
+        logging.DEBUG,
+        __file__,
+        1,
+        "> %s: %s",
+        ("Authorization", "Basic xyz"),
+        None,
+    )
+    assert record.getMessage() == "> Authorization: Basic [redacted]"
