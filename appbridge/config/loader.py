@@ -17,12 +17,24 @@ from typing import Any
 
 from appbridge.config.apps import parse_apps, parse_numbers
 from appbridge.config.carriers import parse_sip, parse_twilio
+from appbridge.config.cluster import parse_cluster
 from appbridge.config.model import AppConfig, Config, ConfigError, ServerConfig, SpeechConfig
 from appbridge.config.schema import Reader
 from appbridge.config.server import parse_api, parse_http, parse_media, parse_server
 from appbridge.config.speech import parse_speech_providers, with_provider_voices
 
-TOP_LEVEL_KEYS = ("server", "http", "api", "carriers", "sip", "media", "speech", "apps", "numbers")
+TOP_LEVEL_KEYS = (
+    "server",
+    "http",
+    "api",
+    "carriers",
+    "sip",
+    "media",
+    "speech",
+    "apps",
+    "numbers",
+    "cluster",
+)
 
 
 def load_config(
@@ -80,6 +92,7 @@ def parse_config(
     known_voice = with_provider_voices(known_voice, speech)
     apps = parse_apps(reader, data, known_voice=known_voice, rest_enabled=http is not None)
     numbers = parse_numbers(reader, data, apps)
+    cluster = parse_cluster(reader, data)
     _check_across_sections(reader, server, twilio is not None, speech, apps)
     if reader.problems:
         raise ConfigError(reader.problems)
@@ -95,6 +108,7 @@ def parse_config(
         warnings=tuple(reader.warnings),
         media=media,
         speech=speech,
+        cluster=cluster,
     )
 
 
