@@ -3,8 +3,9 @@
 Each group of routes is built by its own module from the gateway: http/routes_ops.py (health,
 readiness, metrics; docs/operations.md), http/routes_calls.py (the ``/v1`` API) and
 http/routes_twilio.py (Twilio's webhooks, the Twilio-compatible hang-up and the Media Stream;
-docs/protocol-twilio.md). ``WS /twilio/stream`` is normally served before this application sees
-it, on the WebSocket fast path (http/uvicorn_server.py). Every error answer is JSON
+docs/protocol-twilio.md) and, with ``[cluster]``, cluster/internal_routes.py (what the other
+nodes ask of this one; docs/scaling.md). ``WS /twilio/stream`` is normally served before this
+application sees it, on the WebSocket fast path (http/uvicorn_server.py). Every error answer is JSON
 (http/errors.py), including unknown routes and wrong methods.
 """
 
@@ -14,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, WebSocketRoute
 
+from appbridge.cluster.internal_routes import internal_routes
 from appbridge.demo.app import DemoAppEndpoint
 from appbridge.gateway import Gateway
 from appbridge.http.errors import http_error, server_error
@@ -27,6 +29,7 @@ def build_app(gw: Gateway) -> Starlette:
         *ops_routes(gw),
         *calls_routes(gw),
         *twilio_routes(gw),
+        *internal_routes(gw),
         WebSocketRoute("/demo/session", DemoAppEndpoint(gw)),
     ]
     app = Starlette(
