@@ -32,14 +32,18 @@ class DirectoryWriter:
         self._key = keys.calls_key(node_id)
         # callRef → the record to write, or None to delete it; the latest change wins.
         self._pending: dict[str, dict[str, Any] | None] = {}
+        # Whether the next batch adds a call: the directory's TTL is set with it, in case the
+        # hash is new (renewed by the heartbeat after that).
+        self._adds = False
         # callRef → (state, sessionRef) as last queued, to notice state changes cheaply.
         self._seen: dict[str, tuple[Any, Any]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # -- the call path: synchronous, never waits -------------------------------------------
-    def put(self, described: dict[str, Any]) -> None:
+    def put(self, described: dict[str, Any], *, new: bool = False) -> None:
         ref = described["callRef"]
+        self._adds |= new
         self._seen[ref] = (described.get("state"), described.get("sessionRef"))
         self._pending[ref] = keys.call_record(described, self.node_id)
         self._wake.set()
@@ -73,15 +77,21 @@ class DirectoryWriter:
             if not self._pending:
                 continue
             batch, self._pending = self._pending, {}
-            await self._link.try_run("write directory", partial(self._write, batch=batch))
+            adds, self._adds = self._adds, False
+            await self._link.try_run(
+                "write directory", partial(self._write, batch=batch, adds=adds)
+            )
 
-    async def _write(self, client: Any, *, batch: dict[str, dict[str, Any] | None]) -> Any:
+    async def _write(
+        self, client: Any, *, batch: dict[str, dict[str, Any] | None], adds: bool
+    ) -> Any:
         pipe = client.pipeline(transaction=False)
         puts = {ref: keys.encode_record(rec) for ref, rec in batch.items() if rec is not None}
         gone = [ref for ref, rec in batch.items() if rec is None]
         if puts:
             pipe.hset(self._key, mapping=puts)
-            pipe.expire(self._key, NODE_TTL_S)
+            if adds:
+                pipe.expire(self._key, NODE_TTL_S)
         if gone:
             pipe.hdel(self._key, *gone)
         return await pipe.execute()

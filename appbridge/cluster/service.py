@@ -95,7 +95,7 @@ class ClusterService:
 
     # -- the registry's observer: synchronous -------------------------------------------------
     def call_added(self, call: Call) -> None:
-        self.writer.put(call.describe())
+        self.writer.put(call.describe(), new=True)
 
     def call_removed(self, call: Call) -> None:
         self.writer.remove(call.call_ref)
