@@ -403,6 +403,36 @@ async def test_a_redis_restart_cuts_no_call_and_the_directory_heals(
     await on_b.hangup()
 
 
+async def test_a_draining_node_is_marked_in_redis_and_leaves_once_its_calls_ended(
+    live: Cluster, app: FakeApp
+) -> None:
+    import redis.asyncio as aioredis
+
+    from appbridge.cluster import keys
+
+    node_b = live.nodes["node-b"]
+    on_b = await place(live, app, "node-b")
+    client = aioredis.Redis.from_url(live.redis.url, decode_responses=True)
+    try:
+        assert await client.hget(keys.node_key("node-b"), "draining") == "0"
+        assert node_b.proc is not None
+        node_b.proc.send_signal(signal.SIGTERM)
+
+        async def draining() -> bool:
+            return await client.hget(keys.node_key("node-b"), "draining") == "1"
+
+        await poll(draining, timeout_s=5.0)
+        assert not on_b.closed  # its live call goes on
+        await on_b.hangup()
+        code = await asyncio.to_thread(node_b.proc.wait, 15)
+        assert code == 0
+        assert not await client.exists(keys.node_key("node-b"), keys.calls_key("node-b"))
+        assert "node-b" not in await client.smembers(keys.NODES)
+    finally:
+        await client.aclose()
+    assert "node-b" not in {c["node"] for c in (await listing(live.nodes["node-a"]))["calls"]}
+
+
 async def test_a_killed_nodes_calls_answer_404_once_its_membership_expired(
     live: Cluster, app: FakeApp
 ) -> None:
