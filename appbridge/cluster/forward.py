@@ -1,10 +1,11 @@
-"""A request for a call held by another node, relayed to that node (docs/scaling.md,
-"Any node answers for any call").
+"""Requests between nodes, both halves (docs/scaling.md, "Any node answers for any call").
 
-The target is always the ``internal_url`` a live node announced in Redis, never an address
-taken from the request. The request is signed (:mod:`appbridge.cluster.auth`) and sent to the
-owner's internal route (:mod:`appbridge.cluster.internal_routes`); its status, body and content
-type come back unchanged, so the caller sees what the owner would have answered it directly.
+:func:`forward` sends a request for a call held by another node to that node: always to the
+``internal_url`` a live node announced in Redis, never to an address taken from the request,
+signed (:mod:`appbridge.cluster.auth`) and aimed at the owner's route under
+:data:`INTERNAL_PREFIX` (http/routes_calls.py, http/routes_twilio.py); its status, body and
+content type come back unchanged, so the caller sees what the owner would have answered it.
+:func:`internal_refusal` is the owner's check of such a request.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httpx
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from appbridge.http.errors import error
+from appbridge.cluster import auth
 
 if TYPE_CHECKING:
     from appbridge.cluster.membership import NodeInfo
@@ -26,6 +27,26 @@ log = logging.getLogger(__name__)
 
 #: Where the internal routes live on every node.
 INTERNAL_PREFIX = "/internal"
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    """The gateway's JSON error shape (docs/operations.md, "The `/v1` API")."""
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+def internal_refusal(
+    cluster: ClusterService | None, method: str, path: str, header: str | None
+) -> Response | None:
+    """The answer to an internal request not signed by a node of this cluster: 401 without a
+    signature, 403 with a wrong or stale one; None to serve it."""
+    if cluster is None:
+        return error(404, "not_found", "this gateway is not part of a cluster")
+    result = cluster.verify(method, path, header)
+    if result is auth.AuthResult.MISSING:
+        return error(401, "unauthorized", "a signed request of a cluster node is required")
+    if result is auth.AuthResult.REFUSED:
+        return error(403, "forbidden", "the cluster signature does not match or is stale")
+    return None
 
 
 def unavailable() -> Response:

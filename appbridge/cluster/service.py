@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Final
+import ssl
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import httpx
 
@@ -31,8 +32,10 @@ from appbridge.cluster.redis_link import RedisLink, RedisUnavailable
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
-    from appbridge.config.model import ClusterConfig
-    from appbridge.gateway import Gateway
+    from appbridge.calls.registry import CallRegistry
+    from appbridge.clock import Clock
+    from appbridge.config.model import ClusterConfig, Config
+    from appbridge.counters import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,20 @@ FORWARD_TIMEOUT_S: Final = 5.0
 CALLSID_CLAIM_TTL_S: Final = 4 * 3600
 
 
+class ClusterHost(Protocol):
+    """What the cluster needs of the gateway (which it never imports: docs/ARCHITECTURE.md,
+    "Layers")."""
+
+    registry: CallRegistry
+    metrics: Metrics
+    clock: Clock
+    config: Config
+    draining: bool
+    ssl_context: ssl.SSLContext
+
+
 class ClusterService:
-    def __init__(self, gw: Gateway, config: ClusterConfig) -> None:
+    def __init__(self, gw: ClusterHost, config: ClusterConfig) -> None:
         self.gw = gw
         self.config = config
         self.node_id = config.node_id

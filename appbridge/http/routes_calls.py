@@ -20,7 +20,8 @@ from starlette.routing import BaseRoute, Route
 
 from appbridge.carriers.requests import OutboundError, parse_call_request
 from appbridge.carriers.twilio_outbound import outbound_for
-from appbridge.cluster.forward import INTERNAL_PREFIX, forward, unavailable
+from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal, unavailable
 from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http.errors import error
 
@@ -192,4 +193,38 @@ def calls_routes(gw: Gateway) -> list[BaseRoute]:
             methods=["DELETE"],
             name="delete_call",
         ),
+    ]
+
+
+# -- the owner's half, for the other nodes of a cluster (docs/scaling.md) -------------------------
+
+
+async def _internal(gw: Gateway, request: Request) -> Response:
+    """A request another node forwarded: the local answer, once its signature is checked."""
+    refused = internal_refusal(
+        gw.cluster, request.method, request.url.path, request.headers.get(AUTH_HEADER)
+    )
+    if refused is not None:
+        return refused
+    if "call_ref" not in request.path_params:
+        try:
+            data = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return error(400, "bad_request", "the body must be JSON")
+        return await local_create(gw, data)
+    call_ref = request.path_params["call_ref"]
+    if request.method == "DELETE":
+        answer = await local_delete(gw, call_ref)
+        return answer or error(404, "not_found", "no such live call")
+    return local_get(gw, call_ref) or error(404, "not_found", "no such call")
+
+
+def internal_calls_routes(gw: Gateway) -> list[BaseRoute]:
+    """``/internal/v1/calls`` and ``/internal/v1/calls/{callRef}``, with ``[cluster]`` only."""
+    if gw.config.cluster is None:
+        return []
+    endpoint = partial(_internal, gw)
+    return [
+        Route(f"{INTERNAL_PREFIX}/v1/calls", endpoint, methods=["POST"]),
+        Route(f"{INTERNAL_PREFIX}/v1/calls/{{call_ref}}", endpoint, methods=["GET", "DELETE"]),
     ]

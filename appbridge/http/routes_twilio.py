@@ -25,7 +25,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from appbridge.carriers.twilio.stream import TwilioStreamEndpoint
 from appbridge.carriers.twilio.webhook import handle_voice_webhook
-from appbridge.cluster.forward import INTERNAL_PREFIX, forward
+from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal
 from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http import twilio_rest
 from appbridge.http.errors import error
@@ -132,3 +133,22 @@ def twilio_routes(gw: Gateway) -> list[BaseRoute]:
         ),
         WebSocketRoute("/twilio/stream", TwilioStreamEndpoint(gw)),
     ]
+
+
+async def _internal_update_call(gw: Gateway, request: Request) -> Response:
+    """A hang-up another node forwarded: its credentials came along and are checked as on one
+    node, once the cluster signature is (docs/scaling.md)."""
+    refused = internal_refusal(
+        gw.cluster, request.method, request.url.path, request.headers.get(AUTH_HEADER)
+    )
+    if refused is not None:
+        return refused
+    return await twilio_rest.update_call(gw, request)
+
+
+def internal_twilio_routes(gw: Gateway) -> list[BaseRoute]:
+    """The owner's half of a forwarded Twilio-compatible hang-up, with ``[cluster]`` only."""
+    if gw.config.cluster is None:
+        return []
+    path = INTERNAL_PREFIX + TWILIO_CALL_PATH
+    return [Route(path, partial(_internal_update_call, gw), methods=["POST"])]
