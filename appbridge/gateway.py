@@ -166,6 +166,8 @@ class Gateway:
         old = self.config
         if (old.server.host, old.server.port) != (config.server.host, config.server.port):
             log.warning("reload: server.host/port changes need a restart; keeping the listener")
+        if old.cluster != config.cluster:
+            log.warning("reload: [cluster] changes need a restart; keeping the running one")
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
         if old.speech != config.speech:

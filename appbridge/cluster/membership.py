@@ -129,35 +129,35 @@ def count_calls(pipe: Any, node_id: str) -> None:
 async def live_nodes(
     link: RedisLink, ask: Callable[[Any, str], None] = count_calls
 ) -> list[tuple[NodeInfo, Any]]:
-    """The live nodes, each with the answer to ``ask`` (one command about that node), in two
-    round trips. A node's ``live`` is its directory's length when ``ask`` is
-    :func:`count_calls`, else what its last heartbeat said. Raises
+    """The live nodes, each with the answer to ``ask`` (one command about that node): two round
+    trips within one Redis timeout. A node's ``live`` is its directory's length when ``ask`` is
+    :func:`count_calls`, else what its last heartbeat said. Members whose hash expired are
+    pruned from the set on the way. Raises
     :class:`~appbridge.cluster.redis_link.RedisUnavailable`."""
-    raw = await link.run("read members", lambda r: r.smembers(keys.NODES))
-    members = sorted(str(m) for m in raw)
-    if not members:
-        return []
 
-    async def read(client: Any) -> list[Any]:
+    async def read(client: Any) -> list[tuple[NodeInfo, Any]]:
+        members = sorted(str(m) for m in await client.smembers(keys.NODES))
+        if not members:
+            return []
         pipe = client.pipeline(transaction=False)
         for node_id in members:
             pipe.hgetall(keys.node_key(node_id))
             ask(pipe, node_id)
-        return list(await pipe.execute())
+        answers = await pipe.execute()
+        found: list[tuple[NodeInfo, Any]] = []
+        dead: list[str] = []
+        for index, node_id in enumerate(members):
+            fields, answer = answers[2 * index], answers[2 * index + 1]
+            node = parse_node(fields, answer if ask is count_calls else None)
+            if node is None or node.node_id != node_id:
+                dead.append(node_id)
+            else:
+                found.append((node, answer))
+        if dead:
+            await client.srem(keys.NODES, *dead)
+        return found
 
-    answers = await link.run("read nodes", read)
-    found: list[tuple[NodeInfo, Any]] = []
-    dead: list[str] = []
-    for index, node_id in enumerate(members):
-        fields, answer = answers[2 * index], answers[2 * index + 1]
-        node = parse_node(fields, answer if ask is count_calls else None)
-        if node is None or node.node_id != node_id:
-            dead.append(node_id)
-            continue
-        found.append((node, answer))
-    if dead:
-        await link.try_run("prune members", lambda r: r.srem(keys.NODES, *dead))
-    return found
+    return await link.run("read nodes", read)
 
 
 def choose_node(
