@@ -20,7 +20,7 @@ from appbridge.carriers.twilio.leg import ASGISend, StreamSink, TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url
 from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
 from appbridge.cluster import cluster_of
-from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.auth import AUTH_HEADER, AuthResult
 from appbridge.protocol.signing import verify_twilio
 from appbridge.protocol.twilio_streams import (
     TwilioBadMessage,
@@ -70,8 +70,6 @@ def peer_stream(gw: CarrierServices, path: str, header: str | None) -> bool | No
     cluster = cluster_of(gw)
     if cluster is None:
         return False
-    from appbridge.cluster.auth import AuthResult
-
     if cluster.verify("GET", path, header) is AuthResult.OK:
         return True
     log.warning("twilio stream: a relayed stream with a bad cluster signature; refused")

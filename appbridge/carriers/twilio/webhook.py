@@ -4,8 +4,9 @@ The steps are those of docs/ARCHITECTURE.md, "A call from Twilio, step by step":
 ``X-Twilio-Signature`` check over ``public_url + /twilio/voice`` (docs/configuration.md,
 ``[carriers.twilio]``), admission, routing by ``To``, dialing the app, and then
 ``<Connect><Stream>``. The webhook waits for the app, not for the stream: when Twilio never opens
-it the call is ended after :data:`STREAM_WAIT_S`. The HTTP framing (body size, content type,
-form parsing) is the route's, in http/routes_twilio.py.
+it the call is ended after :data:`STREAM_WAIT_S`. In a cluster a repeated webhook, on any node,
+gets the same TwiML and dials nothing (docs/scaling.md, "Twilio behind a load balancer"). The
+HTTP framing (body size, content type, form parsing) is the route's, in http/routes_twilio.py.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ async def handle_voice_webhook(
         return 200, "text/xml", twiml_say_hangup("This number is not in service.").encode()
     # Behind a load balancer the same webhook may reach another node too: the first claim of
     # the CallSid in Redis wins; without Redis each node dedupes its own (docs/scaling.md).
-    if cluster is not None and await cluster.claim_call_sid(call_sid) is False:
-        log.info("twilio: call %s is already taken by another node; not dialling", call_sid)
-        return 200, "text/xml", _stream_twiml(gw, params)
-    if gw.registry.get(call_sid) is not None:  # a copy that won the claim while we waited
-        return 200, "text/xml", _stream_twiml(gw, params)
+    if cluster is not None:
+        if await cluster.claim_call_sid(call_sid) is False:
+            log.info("twilio: call %s is already taken by another node; not dialling", call_sid)
+            return 200, "text/xml", _stream_twiml(gw, params)
+        if gw.registry.get(call_sid) is not None:  # a copy here got in while Redis answered
+            return 200, "text/xml", _stream_twiml(gw, params)
     call = intake.open_call(
         gw, call_ref=call_sid, app=app, direction="inbound", from_=from_, to=to, carrier="twilio"
     )
