@@ -19,7 +19,7 @@ class Metrics:
     # already over; ``/metrics`` adds the live calls' own counts.
     audio_dropped_to_app: int = 0
     audio_dropped_to_carrier: int = 0
-    # The cluster's own (docs/operations.md, "Metrics"): directory operations that failed against
-    # Redis, and requests this node forwarded to the node owning the call.
+    # A cluster (docs/scaling.md): Redis command batches that failed or timed out, and requests
+    # relayed to the node holding their call.
     cluster_redis_errors: int = 0
     cluster_forwarded: int = 0

@@ -22,6 +22,7 @@ from appbridge.carriers.sip.inbound import SipService
 from appbridge.carriers.twilio.rest import TwilioRestClient
 from appbridge.carriers.twilio_outbound import TwilioOutbound
 from appbridge.clock import Clock, SystemClock
+from appbridge.cluster.service import ClusterService
 from appbridge.config import AppConfig, Config
 from appbridge.counters import Metrics
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
@@ -112,6 +113,8 @@ class Gateway:
         # Opt-in diagnostic (APPBRIDGE_STALL_TRACE_MS): log what holds the loop too long.
         self.stall_watch: LoopStallWatch | None = None
         self.memory_log: MemoryDiffLog | None = None
+        # The cluster directory and membership in Redis, with [cluster] (docs/scaling.md).
+        self.cluster: ClusterService | None = None
         # Full garbage collections every 10 s between ticks (sooner when many objects were made),
         # each over what is newer than the last one, not one big one a minute
         # (media/gc_pacer.py); APPBRIDGE_GC_PERIOD_S=0 leaves CPython's schedule. A deep pass
@@ -163,6 +166,8 @@ class Gateway:
         old = self.config
         if (old.server.host, old.server.port) != (config.server.host, config.server.port):
             log.warning("reload: server.host/port changes need a restart; keeping the listener")
+        if old.cluster != config.cluster:
+            log.warning("reload: [cluster] changes need a restart; keeping the running one")
         self.ssl_context = build_ssl_context(config.server.ca_bundle)
         self.twilio_rest = TwilioRestClient(self.http, config.twilio) if config.twilio else None
         if old.speech != config.speech:
@@ -213,6 +218,9 @@ class Gateway:
         if self.config.sip is not None:
             self.sip = SipService(self, self.config.sip)
             await self.sip.start()
+        if self.config.cluster is not None:
+            self.cluster = ClusterService(self, self.config.cluster)
+            await self.cluster.start()
         # Load the models of the STT providers the apps use, in the background: the first call
         # must not wait, and a model no app needs costs no memory.
         for provider in self.stt_in_use():
@@ -227,6 +235,9 @@ class Gateway:
         if self.sip is not None:
             await self.sip.stop()
             self.sip = None
+        if self.cluster is not None:  # leaves the cluster once its calls are over
+            await self.cluster.stop()
+            self.cluster = None
         await close_all(timeout_s=1.0)
         await self.media_clock.stop()
         if self.gc_pacer is not None:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
+
+
+class RegistryObserver(Protocol):
+    """Told synchronously of every call that opens or ends (the cluster directory,
+    appbridge/cluster/service.py); must not block."""
+
+    def call_added(self, call: Call) -> None: ...
+
+    def call_removed(self, call: Call) -> None: ...
+
 
 RECENT_LIMIT = 1000
 
@@ -21,12 +31,15 @@ class CallRegistry:
         self._final_fields: dict[str, dict[str, Any]] = {}
         self.total_started = 0
         self.total_rejected = 0
+        self.observer: RegistryObserver | None = None
 
     def add(self, call: Call) -> None:
         if call.call_ref in self._live:
             raise KeyError(f"call {call.call_ref} exists")
         self._live[call.call_ref] = call
         self.total_started += 1
+        if self.observer is not None:
+            self.observer.call_added(call)
 
     def get(self, call_ref: str) -> Call | None:
         return self._live.get(call_ref)
@@ -34,6 +47,8 @@ class CallRegistry:
     def remove(self, call: Call) -> None:
         if self._live.get(call.call_ref) is call:
             del self._live[call.call_ref]
+            if self.observer is not None:
+                self.observer.call_removed(call)
         described = call.describe()
         described.update(self._final_fields.pop(call.call_ref, {}))
         self._recent[call.call_ref] = described

@@ -17,13 +17,25 @@ from typing import Any
 
 from appbridge.config.apps import parse_apps, parse_numbers
 from appbridge.config.carriers import parse_sip, parse_twilio
+from appbridge.config.cluster import parse_cluster
 from appbridge.config.logging import parse_logging
 from appbridge.config.model import AppConfig, Config, ConfigError, ServerConfig, SpeechConfig
 from appbridge.config.schema import Reader
 from appbridge.config.server import parse_api, parse_http, parse_media, parse_server
 from appbridge.config.speech import parse_speech_providers, with_provider_voices
 
-TOP_LEVEL_KEYS = ("server", "http", "api", "carriers", "sip", "media", "speech", "apps", "numbers")
+TOP_LEVEL_KEYS = (
+    "server",
+    "http",
+    "api",
+    "carriers",
+    "sip",
+    "media",
+    "speech",
+    "apps",
+    "numbers",
+    "cluster",
+)
 
 
 def load_config(
@@ -82,6 +94,7 @@ def parse_config(
     apps = parse_apps(reader, data, known_voice=known_voice, rest_enabled=http is not None)
     numbers = parse_numbers(reader, data, apps)
     logging_config = parse_logging(reader, data)
+    cluster = parse_cluster(reader, data)
     _check_across_sections(reader, server, twilio is not None, speech, apps)
     if reader.problems:
         raise ConfigError(reader.problems)
@@ -98,6 +111,7 @@ def parse_config(
         media=media,
         speech=speech,
         logging=logging_config,
+        cluster=cluster,
     )
 
 

@@ -102,6 +102,17 @@ class ApiConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: this node's place in a cluster of gateways sharing one Redis
+    (docs/scaling.md). Without it the gateway is a single node, exactly as before."""
+
+    node_id: str
+    redis_url: str = field(repr=False)
+    internal_url: str
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class TwilioCarrierConfig:
     """``[carriers.twilio]``: calls from Twilio Programmable Voice.
 
@@ -285,6 +296,7 @@ class Config:
     media: MediaConfig = field(default_factory=MediaConfig)
     speech: SpeechConfig | None = None
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    cluster: ClusterConfig | None = None
     _routes: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

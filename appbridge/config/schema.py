@@ -432,3 +432,17 @@ def read_account_sid(reader: Reader, table: Mapping[str, Any], path: str) -> str
     ):
         reader.problem(path, f'expected "AC" and 32 hex digits, got {describe(value)}')
     return value
+
+
+def check_redis_url(text: str) -> str | None:
+    """``[cluster] redis_url``: ``redis://`` or ``rediss://`` (TLS) with a host, the form
+    redis-py's ``from_url`` reads (docs/configuration.md, ``[cluster]``)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    del port
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        return f"expected a redis:// or rediss:// URL, got {describe(text, secret=True)}"
+    return None

@@ -3,9 +3,10 @@
 Each group of routes is built by its own module from the gateway: http/routes_ops.py (health,
 readiness, metrics; docs/operations.md), http/routes_calls.py (the ``/v1`` API) and
 http/routes_twilio.py (Twilio's webhooks, the Twilio-compatible hang-up and the Media Stream;
-docs/protocol-twilio.md). ``WS /twilio/stream`` is normally served before this application sees
-it, on the WebSocket fast path (http/uvicorn_server.py). Every error answer is JSON
-(http/errors.py), including unknown routes and wrong methods.
+docs/protocol-twilio.md); with ``[cluster]`` the last two add the owner's half of what the
+other nodes forward, under ``/internal`` (docs/scaling.md). ``WS /twilio/stream`` is normally
+served before this application sees it, on the WebSocket fast path (http/uvicorn_server.py).
+Every error answer is JSON (http/errors.py), including unknown routes and wrong methods.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from appbridge.demo.app import DemoAppEndpoint
 from appbridge.gateway import Gateway
 from appbridge.http.errors import http_error, server_error
-from appbridge.http.routes_calls import calls_routes
+from appbridge.http.routes_calls import calls_routes, internal_calls_routes
 from appbridge.http.routes_ops import ops_routes
-from appbridge.http.routes_twilio import twilio_routes
+from appbridge.http.routes_twilio import internal_twilio_routes, twilio_routes
 
 
 def build_app(gw: Gateway) -> Starlette:
@@ -27,6 +28,8 @@ def build_app(gw: Gateway) -> Starlette:
         *ops_routes(gw),
         *calls_routes(gw),
         *twilio_routes(gw),
+        *internal_calls_routes(gw),
+        *internal_twilio_routes(gw),
         WebSocketRoute("/demo/session", DemoAppEndpoint(gw)),
     ]
     app = Starlette(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hmac
 import json
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,6 +20,9 @@ from starlette.routing import BaseRoute, Route
 
 from appbridge.carriers.requests import OutboundError, parse_call_request
 from appbridge.carriers.twilio_outbound import outbound_for
+from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal, unavailable
+from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http.errors import error
 
 if TYPE_CHECKING:
@@ -49,29 +53,38 @@ def _unauthorized() -> JSONResponse:
     return resp
 
 
-async def list_calls(gw: Gateway, request: Request) -> Response:
-    if not _bearer_ok(gw, request):
-        return _unauthorized()
+def _node(gw: Gateway, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with this node's id when clustered (docs/scaling.md); one node answers as ever."""
+    if gw.cluster is not None:
+        body["node"] = gw.cluster.node_id
+    return body
+
+
+def local_listing(gw: Gateway) -> list[dict[str, Any]]:
     calls = []
     for call in gw.registry:
         d = call.describe()
-        calls.append({k: d[k] for k in LISTED_FIELDS})
-    return JSONResponse({"calls": calls})
+        calls.append(_node(gw, {k: d[k] for k in LISTED_FIELDS}))
+    return calls
 
 
-async def create_call(gw: Gateway, request: Request) -> Response:
-    """Checked in carriers/requests.py; 201 once the INVITE is out (SIP) or Twilio created
-    the call (carriers/twilio_outbound.py)."""
-
+async def list_calls(gw: Gateway, request: Request) -> Response:
     if not _bearer_ok(gw, request):
         return _unauthorized()
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        return error(413, "too_large", f"call requests are limited to {MAX_BODY_BYTES} bytes")
+    calls = local_listing(gw)
+    if gw.cluster is None:
+        return JSONResponse({"calls": calls})
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return error(400, "bad_request", "the body must be JSON")
+        remote = await gw.cluster.remote_calls()
+    except RedisUnavailable:
+        return JSONResponse({"calls": calls, "partial": True})
+    for record in remote:
+        calls.append({**{k: record.get(k) for k in LISTED_FIELDS}, "node": record["node"]})
+    return JSONResponse({"calls": calls, "partial": False})
+
+
+async def local_create(gw: Gateway, data: Any) -> Response:
+    """Place the call on this node (a request already decoded from JSON)."""
     try:
         req = parse_call_request(gw, data)
         if req.carrier == "twilio":
@@ -83,29 +96,90 @@ async def create_call(gw: Gateway, request: Request) -> Response:
     except OutboundError as exc:
         return error(exc.status, exc.code, exc.message)
     return JSONResponse(
-        {"callRef": call.call_ref, "status": "dialing"},
+        _node(gw, {"callRef": call.call_ref, "status": "dialing"}),
         status_code=201,
         headers={"Location": f"/v1/calls/{call.call_ref}"},
     )
 
 
+async def create_call(gw: Gateway, request: Request) -> Response:
+    """Checked in carriers/requests.py; 201 once the INVITE is out (SIP) or Twilio created
+    the call (carriers/twilio_outbound.py). Clustered, the call goes to the node with the most
+    free capacity (docs/scaling.md, "Placing a call")."""
+
+    if not _bearer_ok(gw, request):
+        return _unauthorized()
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        return error(413, "too_large", f"call requests are limited to {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return error(400, "bad_request", "the body must be JSON")
+    if gw.cluster is not None:
+        try:
+            parse_call_request(gw, data)
+        except OutboundError as exc:
+            return error(exc.status, exc.code, exc.message)
+        node = await gw.cluster.placement()
+        if node is not None:
+            path = f"{INTERNAL_PREFIX}/v1/calls"
+            headers = {"content-type": "application/json"}
+            return await forward(gw.cluster, node, "POST", path, body=body, headers=headers)
+    return await local_create(gw, data)
+
+
+def local_get(gw: Gateway, call_ref: str) -> Response | None:
+    """The call's description, or None when this node never had it."""
+    described = gw.registry.describe(call_ref)
+    if described is None:
+        return None
+    return JSONResponse(_node(gw, dict(described)))
+
+
 async def get_call(gw: Gateway, request: Request) -> Response:
     if not _bearer_ok(gw, request):
         return _unauthorized()
-    described = gw.registry.describe(request.path_params["call_ref"])
-    if described is None:
-        return error(404, "not_found", "no such call")
-    return JSONResponse(described)
+    call_ref = request.path_params["call_ref"]
+    answer = local_get(gw, call_ref)
+    if answer is None and gw.cluster is not None:
+        answer = await _at_owner(gw, "GET", call_ref)
+    return answer or error(404, "not_found", "no such call")
+
+
+async def local_delete(gw: Gateway, call_ref: str) -> Response | None:
+    """End the live call, or None when this node never had it."""
+    call = gw.registry.get(call_ref)
+    if call is None or call.over:
+        if call is None and gw.registry.describe(call_ref) is None:
+            return None
+        return error(404, "not_found", "no such live call")
+    await call.end("app_hangup")
+    return JSONResponse(_node(gw, call.describe()))
 
 
 async def delete_call(gw: Gateway, request: Request) -> Response:
     if not _bearer_ok(gw, request):
         return _unauthorized()
-    call = gw.registry.get(request.path_params["call_ref"])
-    if call is None or call.over:
-        return error(404, "not_found", "no such live call")
-    await call.end("app_hangup")
-    return JSONResponse(call.describe())
+    call_ref = request.path_params["call_ref"]
+    answer = await local_delete(gw, call_ref)
+    if answer is None and gw.cluster is not None:
+        answer = await _at_owner(gw, "DELETE", call_ref)
+    return answer or error(404, "not_found", "no such live call")
+
+
+async def _at_owner(gw: Gateway, method: str, call_ref: str) -> Response | None:
+    """The owner's answer for a call this node does not hold; None when no live node holds it,
+    503 when the directory is unreachable."""
+    assert gw.cluster is not None
+    try:
+        node = await gw.cluster.locate(call_ref)
+    except RedisUnavailable:
+        return unavailable()
+    if node is None or node.node_id == gw.cluster.node_id:
+        return None
+    path = f"{INTERNAL_PREFIX}/v1/calls/{quote(call_ref, safe='')}"
+    return await forward(gw.cluster, node, method, path)
 
 
 def calls_routes(gw: Gateway) -> list[BaseRoute]:
@@ -119,4 +193,38 @@ def calls_routes(gw: Gateway) -> list[BaseRoute]:
             methods=["DELETE"],
             name="delete_call",
         ),
+    ]
+
+
+# -- the owner's half, for the other nodes of a cluster (docs/scaling.md) -------------------------
+
+
+async def _internal(gw: Gateway, request: Request) -> Response:
+    """A request another node forwarded: the local answer, once its signature is checked."""
+    refused = internal_refusal(
+        gw.cluster, request.method, request.url.path, request.headers.get(AUTH_HEADER)
+    )
+    if refused is not None:
+        return refused
+    if "call_ref" not in request.path_params:
+        try:
+            data = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return error(400, "bad_request", "the body must be JSON")
+        return await local_create(gw, data)
+    call_ref = request.path_params["call_ref"]
+    if request.method == "DELETE":
+        answer = await local_delete(gw, call_ref)
+        return answer or error(404, "not_found", "no such live call")
+    return local_get(gw, call_ref) or error(404, "not_found", "no such call")
+
+
+def internal_calls_routes(gw: Gateway) -> list[BaseRoute]:
+    """``/internal/v1/calls`` and ``/internal/v1/calls/{callRef}``, with ``[cluster]`` only."""
+    if gw.config.cluster is None:
+        return []
+    endpoint = partial(_internal, gw)
+    return [
+        Route(f"{INTERNAL_PREFIX}/v1/calls", endpoint, methods=["POST"]),
+        Route(f"{INTERNAL_PREFIX}/v1/calls/{{call_ref}}", endpoint, methods=["GET", "DELETE"]),
     ]

@@ -25,6 +25,9 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from appbridge.carriers.twilio.stream import TwilioStreamEndpoint
 from appbridge.carriers.twilio.webhook import handle_voice_webhook
+from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal
+from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http import twilio_rest
 from appbridge.http.errors import error
 
@@ -81,13 +84,45 @@ async def twilio_status(gw: Gateway, request: Request) -> Response:
     return Response(payload, status_code=status, media_type=ctype)
 
 
+async def update_call(gw: Gateway, request: Request) -> Response:
+    """The Twilio-compatible hang-up (http/twilio_rest.py). Clustered, a call held by another
+    node is hung up there: the request, its credentials included, goes to the owner's internal
+    route and its answer comes back unchanged (docs/scaling.md)."""
+    cluster = gw.cluster
+    call_sid = request.path_params["call_sid"]
+    if cluster is None or gw.registry.get(call_sid) is not None:
+        return await twilio_rest.update_call(gw, request)
+    if not twilio_rest._credentials_ok(gw, request.headers.get("authorization")):
+        return await twilio_rest.update_call(gw, request)  # its 401, as on one node
+    try:
+        node = await cluster.locate(call_sid)
+    except RedisUnavailable:
+        return twilio_rest.twilio_error(
+            503, 20503, "the call is not on this node and the cluster directory is unreachable"
+        )
+    if node is None or node.node_id == cluster.node_id:
+        return await twilio_rest.update_call(gw, request)  # its 404
+    headers = {"authorization": request.headers.get("authorization", "")}
+    content_type = request.headers.get("content-type")
+    if content_type:
+        headers["content-type"] = content_type
+    return await forward(
+        cluster,
+        node,
+        "POST",
+        INTERNAL_PREFIX + request.url.path,
+        body=await request.body(),
+        headers=headers,
+    )
+
+
 def twilio_routes(gw: Gateway) -> list[BaseRoute]:
     return [
         Route("/twilio/voice", partial(twilio_voice, gw), methods=["POST"], name="twilio_voice"),
         Route("/twilio/status", partial(twilio_status, gw), methods=["POST"], name="twilio_status"),
         Route(
             TWILIO_CALL_PATH,
-            partial(twilio_rest.update_call, gw),
+            partial(update_call, gw),
             methods=["POST"],
             name="twilio_update_call",
         ),
@@ -98,3 +133,22 @@ def twilio_routes(gw: Gateway) -> list[BaseRoute]:
         ),
         WebSocketRoute("/twilio/stream", TwilioStreamEndpoint(gw)),
     ]
+
+
+async def _internal_update_call(gw: Gateway, request: Request) -> Response:
+    """A hang-up another node forwarded: its credentials came along and are checked as on one
+    node, once the cluster signature is (docs/scaling.md)."""
+    refused = internal_refusal(
+        gw.cluster, request.method, request.url.path, request.headers.get(AUTH_HEADER)
+    )
+    if refused is not None:
+        return refused
+    return await twilio_rest.update_call(gw, request)
+
+
+def internal_twilio_routes(gw: Gateway) -> list[BaseRoute]:
+    """The owner's half of a forwarded Twilio-compatible hang-up, with ``[cluster]`` only."""
+    if gw.config.cluster is None:
+        return []
+    path = INTERNAL_PREFIX + TWILIO_CALL_PATH
+    return [Route(path, partial(_internal_update_call, gw), methods=["POST"])]

@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"speech", "turn"},
     {"apps"},
     {"calls"},
-    {"carriers"},
+    {"carriers", "cluster"},
     {"admission", "gateway"},
     {"http", "demo", "server", "cli", "__main__", "caller", "sdk", "testing"},
 ]

@@ -19,6 +19,8 @@ from appbridge.calls.state import CallState
 from appbridge.carriers.twilio.leg import ASGISend, StreamSink, TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url
 from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
+from appbridge.cluster import cluster_of
+from appbridge.cluster.auth import AUTH_HEADER, AuthResult
 from appbridge.protocol.signing import verify_twilio
 from appbridge.protocol.twilio_streams import (
     TwilioBadMessage,
@@ -32,6 +34,7 @@ from appbridge.protocol.twilio_streams import (
 
 if TYPE_CHECKING:
     from appbridge.carriers.services import CarrierServices
+    from appbridge.cluster.stream_relay import StreamRelay
     from appbridge.net.ws_fastpath import FastHandler, FastWebSocket, UpgradeRequest
 
 log = logging.getLogger(__name__)
@@ -58,18 +61,43 @@ def stream_signature_ok(gw: CarrierServices, query: str, signature: str) -> bool
     return False
 
 
+def peer_stream(gw: CarrierServices, path: str, header: str | None) -> bool | None:
+    """Whether the upgrade is a stream relayed by another node of the cluster: None when it
+    does not claim to be (Twilio's own, checked by its signature), True when signed with the
+    cluster secret, False (refused) when the claim does not verify (docs/scaling.md)."""
+    if header is None:
+        return None
+    cluster = cluster_of(gw)
+    if cluster is None:
+        return False
+    if cluster.verify("GET", path, header) is AuthResult.OK:
+        return True
+    log.warning("twilio stream: a relayed stream with a bad cluster signature; refused")
+    return False
+
+
 class TwilioStreamSession:
     """The carrier side of one Media Stream, fed whole text frames by whichever server carries
     it. :meth:`on_text` answers None to go on, or the close code to end the stream with: 1008
     for a ``start`` of no call of this gateway, 1000 after Twilio's ``stop``."""
 
-    def __init__(self, gw: CarrierServices, sink: StreamSink | ASGISend) -> None:
+    def __init__(
+        self, gw: CarrierServices, sink: StreamSink | ASGISend, *, from_peer: bool = False
+    ) -> None:
         self.gw = gw
         self.sink = sink
         self.leg: TwilioLeg | None = None
         self._ended = False
+        # A stream another node of the cluster relays here: never relayed again.
+        self.from_peer = from_peer
+        # This node relays the stream to the node holding its call (cluster/stream_relay.py).
+        self.relay: StreamRelay | None = None
 
     def on_text(self, data: bytes | str) -> int | None:
+        relay = self.relay
+        if relay is not None:
+            relay.send(data if isinstance(data, bytes) else data.encode())
+            return None
         msg = decode_twilio(data)
         leg = self.leg
         if isinstance(msg, TwilioMedia):
@@ -82,7 +110,7 @@ class TwilioStreamSession:
             if leg is not None:
                 log.warning("twilio stream: second start ignored")
                 return None
-            return self._on_start(msg)
+            return self._on_start(msg, data)
         elif isinstance(msg, TwilioStop):
             return 1000
         elif isinstance(msg, TwilioBadMessage):
@@ -96,7 +124,7 @@ class TwilioStreamSession:
         self.gw.metrics.carrier_bad_messages += 1
         log.warning("twilio stream: binary frame ignored (Twilio sends text only)")
 
-    def _on_start(self, msg: TwilioStart) -> int | None:
+    def _on_start(self, msg: TwilioStart, data: bytes | str) -> int | None:
 
         gw = self.gw
         info = msg.start
@@ -106,6 +134,8 @@ class TwilioStreamSession:
             self.leg = claimed
             return None
         call = gw.registry.get(info.call_sid)
+        if call is None and claimed is None and self._relay(info.call_sid, data):
+            return None
         if (
             claimed is not None
             or call is None
@@ -120,6 +150,19 @@ class TwilioStreamSession:
         call.attach_carrier(self.leg)
         return None
 
+    def _relay(self, call_sid: str, start: bytes | str) -> bool:
+        """Relay a stream of a call this node does not hold to the node that does
+        (docs/scaling.md, "Twilio behind a load balancer"): clustered, on the fast path, and
+        only a stream that came from Twilio itself."""
+        cluster = cluster_of(self.gw)
+        if cluster is None or self.from_peer or not hasattr(self.sink, "send_droppable_text"):
+            return False
+        from appbridge.cluster.stream_relay import StreamRelay
+
+        frame = start if isinstance(start, bytes) else start.encode()
+        self.relay = StreamRelay(cluster, self.sink, call_sid, frame)
+        return True
+
     def on_closed(self) -> None:
         """The stream is gone (either side closed it, or the socket died): the caller hung up,
         as far as the call can tell (docs/ARCHITECTURE.md, "A call from Twilio, step by
@@ -127,6 +170,9 @@ class TwilioStreamSession:
         if self._ended:
             return
         self._ended = True
+        if self.relay is not None:
+            self.relay.close()
+            return
         leg = self.leg
         if leg is None:
             return
@@ -165,11 +211,14 @@ def accept_twilio_stream(
     ``[carriers.twilio]``, a bad signature) is answered HTTP 403, as the ASGI route does."""
 
     def accept(request: UpgradeRequest, ws: FastWebSocket) -> FastHandler | None:
-        if not stream_signature_ok(
+        peer = peer_stream(gw, request.path, request.headers.get(AUTH_HEADER))
+        if peer is False:
+            return None
+        if not peer and not stream_signature_ok(
             gw, request.query, request.headers.get("x-twilio-signature", "")
         ):
             return None
-        return _FastTwilioStream(TwilioStreamSession(gw, ws), ws)
+        return _FastTwilioStream(TwilioStreamSession(gw, ws, from_peer=bool(peer)), ws)
 
     return accept
 
@@ -186,15 +235,19 @@ class TwilioStreamEndpoint:
         if message["type"] != "websocket.connect":
             return
         signature = ""
+        cluster_auth: str | None = None
         for name, value in scope["headers"]:
             if name.lower() == b"x-twilio-signature":
                 signature = value.decode("latin-1")
+            elif name.lower() == AUTH_HEADER.encode():
+                cluster_auth = value.decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
-        if not stream_signature_ok(self.gw, query, signature):
+        peer = peer_stream(self.gw, scope.get("path", ""), cluster_auth)
+        if peer is False or (not peer and not stream_signature_ok(self.gw, query, signature)):
             await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
             return
         await send({"type": "websocket.accept"})
-        session = TwilioStreamSession(self.gw, send)
+        session = TwilioStreamSession(self.gw, send, from_peer=bool(peer))
         try:
             while True:
                 message = await receive()

@@ -4,8 +4,9 @@ The steps are those of docs/ARCHITECTURE.md, "A call from Twilio, step by step":
 ``X-Twilio-Signature`` check over ``public_url + /twilio/voice`` (docs/configuration.md,
 ``[carriers.twilio]``), admission, routing by ``To``, dialing the app, and then
 ``<Connect><Stream>``. The webhook waits for the app, not for the stream: when Twilio never opens
-it the call is ended after :data:`STREAM_WAIT_S`. The HTTP framing (body size, content type,
-form parsing) is the route's, in http/routes_twilio.py.
+it the call is ended after :data:`STREAM_WAIT_S`. In a cluster a repeated webhook, on any node,
+gets the same TwiML and dials nothing (docs/scaling.md, "Twilio behind a load balancer"). The
+HTTP framing (body size, content type, form parsing) is the route's, in http/routes_twilio.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from appbridge.carriers.twilio.twiml import (
     twiml_say_hangup,
     twiml_stream,
 )
+from appbridge.cluster import cluster_of
 from appbridge.protocol.signing import verify_twilio
 
 if TYPE_CHECKING:
@@ -54,13 +56,25 @@ async def handle_voice_webhook(
     if refused is not None:
         log.warning("twilio: call %s refused: %s", call_sid, refused)
         return 200, "text/xml", twiml_reject("busy").encode()
+    params = {"from": from_, "to": to, "callRef": call_sid}
+    cluster = cluster_of(gw)
     existing = gw.registry.get(call_sid)
     if existing is not None:
+        if cluster is not None:  # a repeated webhook: the same answer, no second call
+            return 200, "text/xml", _stream_twiml(gw, params)
         return 409, "application/json", b'{"error":"conflict","message":"call already exists"}'
     app = gw.config.route(to)
     if app is None:
         log.info("twilio: no app for %s; rejecting", to)
         return 200, "text/xml", twiml_say_hangup("This number is not in service.").encode()
+    # Behind a load balancer the same webhook may reach another node too: the first claim of
+    # the CallSid in Redis wins; without Redis each node dedupes its own (docs/scaling.md).
+    if cluster is not None:
+        if await cluster.claim_call_sid(call_sid) is False:
+            log.info("twilio: call %s is already taken by another node; not dialling", call_sid)
+            return 200, "text/xml", _stream_twiml(gw, params)
+        if gw.registry.get(call_sid) is not None:  # a copy here got in while Redis answered
+            return 200, "text/xml", _stream_twiml(gw, params)
     call = intake.open_call(
         gw, call_ref=call_sid, app=app, direction="inbound", from_=from_, to=to, carrier="twilio"
     )
@@ -69,9 +83,11 @@ async def handle_voice_webhook(
         await call.end("error")
         return 200, "text/xml", twiml_hangup().encode()
     call.spawn(_await_stream(call), "await-stream")
-    params = {"from": from_, "to": to, "callRef": call_sid}
-    body = twiml_stream(stream_url(gw.config.server.base_url()), params)
-    return 200, "text/xml", body.encode()
+    return 200, "text/xml", _stream_twiml(gw, params)
+
+
+def _stream_twiml(gw: CarrierServices, params: dict[str, str]) -> bytes:
+    return twiml_stream(stream_url(gw.config.server.base_url()), params).encode()
 
 
 async def _await_stream(call: Any) -> None:
