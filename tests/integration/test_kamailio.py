@@ -1,4 +1,5 @@
-"""Kamailio in front of three gateway nodes (deploy/kamailio/kamailio.cfg, docs/scaling-sip.md).
+"""Kamailio in front of three gateway nodes (deploy/kamailio/kamailio.cfg; docs/scaling.md,
+"SIP in front: Kamailio").
 
 Real peers only: the Debian ``kamailio`` with the deployed configuration (its top-level settings
 given with ``-A``: loopback port, a 1 s probing interval, a 1 s transaction timeout), three
