@@ -9,7 +9,6 @@ answer's timing says nothing about which token came close.
 from __future__ import annotations
 
 import hmac
-import json
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -24,6 +23,7 @@ from appbridge.cluster.auth import AUTH_HEADER
 from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal, unavailable
 from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http.errors import error
+from appbridge.protocol.json_bounds import JsonBodyError, loads_object
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
@@ -113,9 +113,9 @@ async def create_call(gw: Gateway, request: Request) -> Response:
     if len(body) > MAX_BODY_BYTES:
         return error(413, "too_large", f"call requests are limited to {MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return error(400, "bad_request", "the body must be JSON")
+        data = loads_object(body, max_bytes=MAX_BODY_BYTES)
+    except JsonBodyError as exc:
+        return error(400, "bad_request", str(exc))
     if gw.cluster is not None:
         try:
             parse_call_request(gw, data)
@@ -208,9 +208,9 @@ async def _internal(gw: Gateway, request: Request) -> Response:
         return refused
     if "call_ref" not in request.path_params:
         try:
-            data = json.loads(await request.body())
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return error(400, "bad_request", "the body must be JSON")
+            data = loads_object(await request.body(), max_bytes=MAX_BODY_BYTES)
+        except JsonBodyError as exc:
+            return error(400, "bad_request", str(exc))
         return await local_create(gw, data)
     call_ref = request.path_params["call_ref"]
     if request.method == "DELETE":

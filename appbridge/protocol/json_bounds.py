@@ -77,6 +77,17 @@ def _string(token: bytes) -> str | None:
         return None
 
 
+def loads(data: bytes | str) -> Any:
+    """Any JSON value from a peer (a vendor's answer, say); whatever is wrong with it, however
+    deep, raises :class:`JsonBodyError`, a :class:`ValueError`."""
+    try:
+        return _any_decoder.decode(data)
+    except RecursionError:
+        raise JsonBodyError(TOO_DEEP) from None
+    except msgspec.MsgspecError as exc:
+        raise JsonBodyError(f"not valid JSON: {exc}") from None
+
+
 def loads_object(body: bytes, *, max_bytes: int) -> dict[str, Any]:
     """An HTTP body that must be one JSON object of at most ``max_bytes``; anything else
     raises :class:`JsonBodyError` with a message for a 400 answer."""

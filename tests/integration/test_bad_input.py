@@ -208,6 +208,16 @@ async def test_http_bad_requests_get_json_errors(env: Env) -> None:
             "/v1/calls", json={"app": "main"}, headers={"Authorization": f"Bearer {API_TOKEN}"}
         )
         assert r.status_code == 400 and "E.164" in r.json()["message"]
+        bearer = {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"}
+        for body, words in (
+            (('{"app":' * 3000 + '"main"' + "}" * 3000).encode(), "nested too deeply"),
+            (DEEP.encode(), "nested too deeply"),
+            (b"[1, 2]", "a JSON object"),
+            (b"{nope", "not valid JSON"),
+            (b'{"app": "\ud800"}', "not valid JSON"),
+        ):
+            r = await client.post("/v1/calls", content=body, headers=bearer)
+            assert r.status_code == 400 and words in r.json()["message"], (r.status_code, r.text)
 
 
 async def test_a_slow_app_never_affects_another_call(env: Env) -> None:

@@ -789,3 +789,11 @@ async def test_stt_send_that_never_completes_is_provider_timeout() -> None:
         await stream.aclose()
     assert isinstance(error, ProviderTimeout) and "stopped taking audio" in str(error)
     assert ws.closed.is_set()
+
+
+def test_json_nested_too_deeply_from_deepgram_is_a_provider_error() -> None:
+    deep = "[" * 5000 + "]" * 5000
+    with pytest.raises(ProviderUnavailable, match="malformed"):
+        session(VirtualClock()).receive_text(deep)
+    error = error_from_http(500, deep.encode(), "TTS")
+    assert isinstance(error, ProviderUnavailable) and "HTTP 500" in str(error)

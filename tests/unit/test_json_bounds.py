@@ -77,3 +77,12 @@ def test_loads_object_bounds_size_depth_and_shape() -> None:
     ):
         with pytest.raises(JsonBodyError, match=words):
             loads_object(body, max_bytes=100 if b" " * 200 in body else 1 << 20)
+
+
+def test_loads_turns_any_bad_json_into_a_value_error() -> None:
+    from appbridge.protocol.json_bounds import loads
+
+    assert loads(b'{"a": [1, 2]}') == {"a": [1, 2]}
+    for bad in (DEEP, "{nope", '"\\ud800"'):
+        with pytest.raises(ValueError):
+            loads(bad)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import TYPE_CHECKING, Final
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Final
 import httpx
 
 from appbridge.config.model import DEEPGRAM_AURA_VOICES as AURA_VOICES
+from appbridge.protocol import json_bounds
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
@@ -158,7 +158,7 @@ def error_from_http(status: int, body: bytes, what: str) -> SpeechError:
     """
     detail = ""
     try:
-        parsed = json.loads(body) if body else None
+        parsed = json_bounds.loads(body) if body else None
     except ValueError:
         parsed = None
     if isinstance(parsed, dict):

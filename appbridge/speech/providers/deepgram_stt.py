@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
@@ -40,6 +39,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from appbridge.clock import Clock, SystemClock
+from appbridge.protocol import json_bounds
 from appbridge.speech.base import (
     FeatureNotSupported,
     InvalidCatalogId,
@@ -224,7 +224,7 @@ class ListenSession:
         skipped (Deepgram adds types); a message that is not what the docs say is an error."""
         self._waiting_since_s = None
         try:
-            message = json.loads(text)
+            message = json_bounds.loads(text)
         except ValueError:
             raise ProviderUnavailable("Deepgram STT sent a malformed message") from None
         if not isinstance(message, dict):
