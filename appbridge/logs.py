@@ -22,14 +22,15 @@ import json
 import logging
 import re
 import sys
-import weakref
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
+from appbridge.weakable import Anchor, WeakTo
+
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_CALL: contextvars.ContextVar[weakref.ref[Any] | None] = contextvars.ContextVar(
+_CALL: contextvars.ContextVar[WeakTo[Any] | None] = contextvars.ContextVar(
     "appbridge_log_call", default=None
 )
 
@@ -112,11 +113,12 @@ def install_redaction() -> None:
         logging.setLogRecordFactory(_redacting_factory(base))
 
 
-def call_context(call: object) -> contextvars.Context:
-    """A copy of the current context in which log records belong to ``call`` (an object with
-    ``call_ref`` and ``session_ref``); the call's tasks are created in it (calls/call.py)."""
+def call_context(anchor: Anchor[Any]) -> contextvars.Context:
+    """A copy of the current context in which log records belong to the call of ``anchor`` (an
+    object with ``call_ref`` and ``session_ref``, held weakly through its anchor: see
+    appbridge/weakable.py); the call's tasks are created in it (calls/call.py)."""
     context = contextvars.copy_context()
-    context.run(_CALL.set, weakref.ref(call))
+    context.run(_CALL.set, WeakTo(anchor))
     return context
 
 

@@ -7,8 +7,9 @@ party when the call lets go of it (``Call._let_go``).
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING
+
+from appbridge.weakable import WeakTo
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -23,7 +24,7 @@ class CoreAdapter:
     __slots__ = ("_call",)
 
     def __init__(self, call: Call) -> None:
-        self._call = weakref.ref(call)
+        self._call = WeakTo(call.anchor)  # appbridge/weakable.py: never a weakref to the call
 
     def _get(self) -> Call:
         call = self._call()

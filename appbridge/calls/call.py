@@ -65,7 +65,7 @@ from appbridge.media.codecs import AudioFormat
 from appbridge.media.output_queue import OutputQueue
 from appbridge.media.reframe import FrameConverter
 from appbridge.protocol import session_v1 as sv1
-from appbridge.weakable import Weakable
+from appbridge.weakable import Anchor
 
 if TYPE_CHECKING:
     from appbridge.calls.services import CallServices
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Call(Weakable):  # Weakable: the command handler holds it through a weak reference
+class Call:
     def __init__(
         self,
         gw: CallServices,
@@ -87,6 +87,9 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         metadata: dict[str, Any] | None = None,
     ) -> None:
         self.gw = gw
+        # Stands for the call wherever it is held weakly (its core's services, its shell, the
+        # log context of its tasks): a compiled object is never weakly referenced itself.
+        self.anchor: Anchor[Call] = Anchor(self)
         self.config = gw.config  # the snapshot this call lives with (SIGHUP reloads spare it)
         self.call_ref = call_ref
         self.app = app
@@ -180,7 +183,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         # Run in a context naming this call, so its log records carry callRef (appbridge/logs.py).
         task = asyncio.get_running_loop().create_task(
-            coro, name=f"{self.call_ref}:{name}", context=call_context(self)
+            coro, name=f"{self.call_ref}:{name}", context=call_context(self.anchor)
         )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -573,6 +576,7 @@ class Call(Weakable):  # Weakable: the command handler holds it through a weak r
         of the call lives on in the registry as a description."""
         if self.leg is not None:
             self.gw.metrics.audio_dropped_to_carrier += self.leg.audio_dropped
+        self.anchor.target = None
         self.leg = self.party = None
         self.ears = None
         self.link = None

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,6 +43,7 @@ from appbridge.media.fetch import FetchError, fetch_audio
 from appbridge.media.output_queue import OutputQueue, QueueFull, WordTiming
 from appbridge.speech.base import SpeechError
 from appbridge.speech.pauses import pause_to_add_ms, tail_bytes, trailing_silence_ms
+from appbridge.weakable import WeakTo
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -71,9 +71,10 @@ class _Synth:
 
 class CommandShell:
     def __init__(self, call: Call) -> None:
-        # The call owns this shell: a weak reference back, so that the two form no reference
-        # cycle and an ended call is freed by reference counting alone (media/gc_pacer.py).
-        self._call = weakref.ref(call)
+        # The call owns this shell: a weak reference back (through its anchor, appbridge/
+        # weakable.py), so that the two form no reference cycle and an ended call is freed by
+        # reference counting alone (media/gc_pacer.py).
+        self._call = WeakTo(call.anchor)
         self._synths: dict[Utterance, _Synth] = {}
 
     @property

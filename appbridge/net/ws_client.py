@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Final, cast
 
@@ -31,8 +30,9 @@ log = logging.getLogger(__name__)
 _MAX_RESPONSE_HEAD_BYTES: Final = 16 * 1024
 
 # Every connection still open, so a shutting-down gateway can close them all (bounded) before
-# its event loop goes away.
-OPEN_CLIENTS: weakref.WeakSet[WsClient] = weakref.WeakSet()
+# its event loop goes away. A plain set: a client joins when connected and leaves when its
+# connection is lost, and a compiled object is never weakly referenced (appbridge/weakable.py).
+OPEN_CLIENTS: set[WsClient] = set()
 
 
 class WsConnectError(Exception):

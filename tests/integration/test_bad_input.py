@@ -214,7 +214,7 @@ async def test_http_bad_requests_get_json_errors(env: Env) -> None:
             (DEEP.encode(), "nested too deeply"),
             (b"[1, 2]", "a JSON object"),
             (b"{nope", "not valid JSON"),
-            (b'{"app": "\ud800"}', "not valid JSON"),
+            (rb'{"app": "\ud800"}', "not valid JSON"),
         ):
             r = await client.post("/v1/calls", content=body, headers=bearer)
             assert r.status_code == 400 and words in r.json()["message"], (r.status_code, r.text)

@@ -16,12 +16,14 @@ import pytest
 from appbridge import logs, server
 from appbridge.config import ConfigError, default_config, parse_config
 from appbridge.logs import CallFilter, JsonFormatter, call_context
+from appbridge.weakable import Anchor
 
 
 class FakeCall:
     def __init__(self, call_ref: str, session_ref: str | None = None) -> None:
         self.call_ref = call_ref
         self.session_ref = session_ref
+        self.anchor = Anchor(self)
 
 
 def record(msg: str = "hello %s", *args: object, **kw: Any) -> logging.LogRecord:
@@ -60,22 +62,22 @@ def test_exception_call_refs_and_node_are_added_when_they_exist() -> None:
 def test_the_filter_tags_records_made_in_a_call_context() -> None:
     call = FakeCall("CA7")
     rec = record()
-    call_context(call).run(CallFilter().filter, rec)
+    call_context(call.anchor).run(CallFilter().filter, rec)
     assert rec.callRef == "CA7" and not hasattr(rec, "sessionRef")
     call.session_ref = "s-2"  # read when the record is made: a handoff's new session shows
     rec = record()
-    call_context(call).run(CallFilter().filter, rec)
+    call_context(call.anchor).run(CallFilter().filter, rec)
     assert (rec.callRef, rec.sessionRef) == ("CA7", "s-2")
     outside = record()
     assert CallFilter().filter(outside) and not hasattr(outside, "callRef")
     own = record(callRef="CA-own")
-    call_context(call).run(CallFilter().filter, own)
+    call_context(call.anchor).run(CallFilter().filter, own)
     assert own.callRef == "CA-own"
 
 
 def test_the_context_holds_the_call_weakly() -> None:
     call = FakeCall("CA8")
-    context = call_context(call)
+    context = call_context(call.anchor)
     del call
     gc.collect()
     rec = record()
@@ -100,7 +102,7 @@ async def test_tasks_created_in_the_context_log_with_the_call_ref() -> None:
         logger.info("still in the call")
 
     try:
-        await asyncio.get_running_loop().create_task(work(), context=call_context(call))
+        await asyncio.get_running_loop().create_task(work(), context=call_context(call.anchor))
         logger.info("outside")
     finally:
         logger.removeHandler(handler)
