@@ -195,10 +195,10 @@ def configure(
     handler.addFilter(CallFilter())
     if log_format == "json":
         handler.setFormatter(JsonFormatter(node))
-    else:
-        handler.setFormatter(_RedactingFormatter(TEXT_FORMAT))
         _uvicorn_as_json(node)
         logging.captureWarnings(True)
+    else:
+        handler.setFormatter(_RedactingFormatter(TEXT_FORMAT))
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format=TEXT_FORMAT,
