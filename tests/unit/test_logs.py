@@ -225,3 +225,22 @@ def _check_a_library_record() -> None:
         None,
     )
     assert record.getMessage() == "> Authorization: Basic [redacted]"
+
+
+def test_only_the_json_form_touches_uvicorns_formatters(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)  # leave pytest's handlers
+    base = logging.getLogRecordFactory()
+    saved = copy.deepcopy(LOGGING_CONFIG["formatters"])
+    try:
+        logs.configure("text", "info", stream=io.StringIO())
+        assert LOGGING_CONFIG["formatters"] == saved
+        logs.configure("json", "info", stream=io.StringIO())
+        assert LOGGING_CONFIG["formatters"]["default"]["()"] is JsonFormatter
+    finally:
+        LOGGING_CONFIG["formatters"] = saved
+        logging.setLogRecordFactory(base)
+        logging.captureWarnings(False)
