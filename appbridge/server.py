@@ -28,6 +28,7 @@ from appbridge import compiled
 from appbridge.config import Config, ConfigError, load_config
 from appbridge.gateway import Gateway
 from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server
+from appbridge.net.listen import ListenError, tcp_socket
 
 log = logging.getLogger("appbridge")
 
@@ -122,8 +123,20 @@ async def run_gateway(
     signals = _Signals(gw, config_path)
     signals.install(loop)
 
-    await gw.start()
-    serve_task = loop.create_task(server.serve())
+    # A listener that cannot open is one line naming its key and address, and exit 1.
+    try:
+        http_socket = tcp_socket(config.server.host, config.server.port, key="server.port")
+    except ListenError as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        await gw.start()
+    except ListenError as exc:
+        http_socket.close()
+        log.error("%s", exc)
+        await gw.stop()
+        return 1
+    serve_task = loop.create_task(server.serve(sockets=[http_socket]))
     if not await _listening(server, serve_task):
         log.error(
             "the HTTP listener could not start on %s:%s", config.server.host, config.server.port

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from appbridge.testing.fake_app import FakeApp
 from appbridge.testing.fake_twilio import FakeTwilio
@@ -134,3 +136,48 @@ async def test_serve_refuses_an_invalid_configuration(tmp_path: Path) -> None:
     lines = err.decode().strip().splitlines()
     assert any(line.startswith("server.port:") for line in lines)
     assert any(line.startswith("apps[0].url:") for line in lines)
+
+
+@pytest.mark.parametrize("taken", ["http", "sip-udp", "sip-tcp"])
+async def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: Path, taken: str) -> None:
+    """docs/operations.md, exit codes: a listener that cannot open names its key and address."""
+    blocker = socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM if taken == "sip-udp" else socket.SOCK_STREAM
+    )
+    blocker.bind(("127.0.0.1", 0))
+    if taken != "sip-udp":
+        blocker.listen()
+    port = blocker.getsockname()[1]
+    http_port = port if taken == "http" else free_tcp_port()
+    proto = "udp" if taken == "sip-udp" else "tcp"
+    sip_port = free_tcp_port() if taken == "http" else port
+    cfg = tmp_path / "ports.toml"
+    cfg.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {http_port}\n'
+        f'[sip]\nlisten = ["{proto}:127.0.0.1:{sip_port}"]\n'
+        '[[apps]]\nref = "a"\nurl = "ws://127.0.0.1:9/x"\n[[numbers]]\nnumber = "*"\napp = "a"\n'
+    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "appbridge", "serve", "--config", str(cfg)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    finally:
+        blocker.close()
+    assert proc.returncode == 1
+    stderr = err.decode()
+    assert "Traceback" not in stderr
+    key, address = ("server.port", f"127.0.0.1:{port}")
+    if taken != "http":
+        key, address = ("sip.listen", f"{proto}:127.0.0.1:{port}")
+    errors = [line.split(" ERROR ", 1)[1] for line in stderr.splitlines() if " ERROR " in line]
+    assert errors == [f"appbridge: {key}: cannot listen on {address}: address already in use"]
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

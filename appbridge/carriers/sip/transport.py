@@ -46,6 +46,7 @@ from appbridge.carriers.sip.transaction import (
     TransportError,
 )
 from appbridge.clock import Clock
+from appbridge.net.listen import ListenError
 
 log = logging.getLogger(__name__)
 
@@ -116,26 +117,33 @@ class SipTransport:
 
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Open every ``[sip] listen`` entry; one that cannot be opened raises
+        :class:`~appbridge.net.listen.ListenError` naming it."""
         for entry in self.listen:
             proto, host, port_text = _split_listen(entry)
-            port = int(port_text)
-            if proto == "udp":
-                udp = _Udp(self)
-                transport, _ = await loop.create_datagram_endpoint(
-                    lambda u=udp: u,  # type: ignore[misc]
-                    local_addr=(host, port),
-                )
-                udp.transport = transport  # uvloop calls connection_made a little later
-                sock = transport.get_extra_info("sockname")
-                self.udp_addresses.append((str(sock[0]), int(sock[1])))
-                self._udp.append(udp)
-            else:
-                server = await asyncio.start_server(self._on_tcp, host, port)
-                sock = server.sockets[0].getsockname()
-                self.tcp_addresses.append((str(sock[0]), int(sock[1])))
-                self._servers.append(server)
+            try:
+                await self._open(proto, host, int(port_text))
+            except OSError as exc:
+                raise ListenError("sip.listen", entry, exc) from None
         log.info("sip: listening on udp %s tcp %s", self.udp_addresses, self.tcp_addresses)
+
+    async def _open(self, proto: str, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        if proto == "udp":
+            udp = _Udp(self)
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda u=udp: u,  # type: ignore[misc]
+                local_addr=(host, port),
+            )
+            udp.transport = transport  # uvloop calls connection_made a little later
+            sock = transport.get_extra_info("sockname")
+            self.udp_addresses.append((str(sock[0]), int(sock[1])))
+            self._udp.append(udp)
+        else:
+            server = await asyncio.start_server(self._on_tcp, host, port)
+            sock = server.sockets[0].getsockname()
+            self.tcp_addresses.append((str(sock[0]), int(sock[1])))
+            self._servers.append(server)
 
     async def stop(self) -> None:
         if self._timer is not None:
