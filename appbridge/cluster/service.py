@@ -27,6 +27,7 @@ from appbridge.cluster.membership import (
     heartbeat_steps,
     leave_steps,
     live_nodes,
+    node_info,
 )
 from appbridge.cluster.redis_link import RedisLink, RedisUnavailable
 
@@ -177,6 +178,10 @@ class ClusterService:
     async def locate(self, call_ref: str) -> NodeInfo | None:
         """The live node holding ``call_ref``; raises RedisUnavailable."""
         return await locate(self.link, call_ref)
+
+    async def node(self, node_id: str) -> NodeInfo | None:
+        """The live node ``node_id``, None when it is not live; raises RedisUnavailable."""
+        return await node_info(self.link, node_id)
 
     async def remote_calls(self) -> list[dict[str, Any]]:
         """The other live nodes' calls as their directories say; raises RedisUnavailable."""
