@@ -116,7 +116,7 @@ class ClusterService:
     def call_removed(self, call: Call) -> None:
         self.writer.remove(call.call_ref)
         if call.carrier == "twilio" and call.direction == "inbound":
-            self.spawn(self.release_call_sid(call.call_ref), "cluster-release-callsid")
+            self.writer.release(keys.callsid_key(call.call_ref))
 
     # -- the loop ----------------------------------------------------------------------------
     async def _run(self) -> None:
