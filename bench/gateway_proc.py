@@ -31,6 +31,7 @@ import httpx
 from bench.report import parse_proc_stat_split, parse_proc_stat_ticks, parse_vmrss_bytes
 
 __all__ = [
+    "BENCH_NODE_ID",
     "GatewayProcess",
     "GatewaySpec",
     "child_setup",
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
+#: The gateway's ``[cluster] node_id`` with ``--cluster`` (bench/directory_cost.py).
+BENCH_NODE_ID = "bench-node"
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -111,6 +114,8 @@ class GatewaySpec:
     #: The apps' protocol: "fonoster" (pcm16 16 kHz, local speech) or "twilio" (Media Streams,
     #: µ-law 8 kHz, no ``audio`` or ``speech``; ``workspace_ref`` = the bench's AccountSid).
     dialect: str = "fonoster"
+    #: ``--cluster``: the redis-server of the step, for a ``[cluster]`` section; None: one node.
+    cluster_redis_url: str | None = None
     #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as
     #: docs/protocol-twilio.md has it; "none" works around the gateway listening (STT, turns)
     #: for apps whose dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
@@ -175,7 +180,17 @@ signing_secret = "${{BENCH_APP_SECRET}}"
 listen = ["udp:127.0.0.1:{spec.sip_port}"]
 rtp_ports = [{low}, {high}]
 """
-    return head + sip + "".join(apps) + "".join(numbers)
+    cluster = ""
+    if spec.cluster_redis_url is not None:
+        # docs/scaling.md: the node reaches the others at internal_url; here it is alone.
+        cluster = f"""
+[cluster]
+node_id = "{BENCH_NODE_ID}"
+redis_url = "{spec.cluster_redis_url}"
+internal_url = "{spec.base_url}"
+secret = "${{BENCH_CLUSTER_SECRET}}"
+"""
+    return head + sip + cluster + "".join(apps) + "".join(numbers)
 
 
 def loop_env(loop: str, shim_root: Path, env: Mapping[str, str]) -> dict[str, str]:

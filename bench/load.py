@@ -35,6 +35,7 @@ import httpx
 
 from bench.analysis import CallerFigures
 from bench.bars import DEFAULT_RAMP, bar_failures, final_line
+from bench.directory_cost import DirectoryProbe, RedisPeer, ab_lines, directory_lines
 from bench.gateway_proc import (
     GatewayProcess,
     GatewaySpec,
@@ -195,6 +196,7 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
         BENCH_ACCOUNT_SID=ACCOUNT_SID,
         BENCH_DIALECT=args.dialect,
         BENCH_SPEAK=args.speak,
+        BENCH_CLUSTER_SECRET=secrets.token_hex(16),
     )
     return env
 
@@ -217,8 +219,10 @@ async def start_gateway(
     env: dict[str, str],
     out_dir: Path,
     name: str,
+    redis_url: str | None = None,
 ) -> tuple[GatewayProcess, GatewaySpec]:
-    """Start the gateway process against the workers' fakes (``name``.toml, ``name``.log)."""
+    """Start the gateway process against the workers' fakes (``name``.toml, ``name``.log);
+    with ``redis_url``, as a node of a cluster (``--cluster``, bench/directory_cost.py)."""
     spec = GatewaySpec(
         port=free_loopback_port(),
         rest_base_url=workers[0].hello["rest_base_url"],
@@ -228,6 +232,7 @@ async def start_gateway(
         sip_port=free_loopback_udp_port() if args.sip_share > 0 else None,
         rtp_ports=free_rtp_range(calls),
         dialect=args.dialect,
+        cluster_redis_url=redis_url,
     )
     config_path = out_dir / f"{name}.toml"
     config_path.write_text(render_config(spec))
@@ -244,7 +249,7 @@ async def start_gateway(
 
 
 async def run_step(
-    calls: int, args: argparse.Namespace, out_dir: Path
+    calls: int, args: argparse.Namespace, out_dir: Path, cluster: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
     env = worker_env(args)
     load_cpus = args.load_cpus or [None]
@@ -253,13 +258,25 @@ async def run_step(
         for k in range(args.workers)
     ]
     gateway: GatewayProcess | None = None
+    # --cluster: a redis-server of the step's own, on the generator's core.
+    peer = RedisPeer(load_cpus[0]) if cluster else None
+    probe: DirectoryProbe | None = None
     probe_before = await asyncio.to_thread(probe_core, args.gateway_cpu)
     try:
         await asyncio.gather(*(w.start() for w in workers))
-        gateway, spec = await start_gateway(args, calls, workers, env, out_dir, f"gateway-{calls}")
-        data, row = await _measure(calls, args, gateway, spec, workers)
+        if peer is not None:
+            await peer.start()
+            probe = DirectoryProbe(peer)
+        name = f"gateway-{calls}" + ("-cluster" if cluster else "")
+        redis_url = peer.url if peer is not None else None
+        gateway, spec = await start_gateway(args, calls, workers, env, out_dir, name, redis_url)
+        data, row = await _measure(calls, args, gateway, spec, workers, probe)
     finally:
         await stop_all(workers, gateway)
+        if probe is not None:
+            await probe.aclose()
+        if peer is not None:
+            peer.stop()
     # How fast the gateway's core ran around the step (bench/speed.py): this VM's speed moves.
     data["core_probe_ms"] = [probe_before, await asyncio.to_thread(probe_core, args.gateway_cpu)]
     return data, row
@@ -271,10 +288,13 @@ async def _measure(
     gateway: GatewayProcess,
     spec: GatewaySpec,
     workers: list[WorkerProc],
+    probe: DirectoryProbe | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     base_url = spec.base_url
     await asyncio.sleep(args.settle)
     rss_idle = gateway.rss_bytes()
+    if probe is not None:
+        await probe.mark("run_start")
     shares = _split(calls, len(workers))
 
     async def ramp(worker: WorkerProc, n: int) -> dict[str, Any]:
@@ -301,12 +321,16 @@ async def _measure(
         gw_cpu0 = gateway.cpu_seconds()
         gw_split0 = gateway.cpu_split_seconds()
         t0 = time.monotonic()
+        if probe is not None:
+            await probe.mark("window_start")
         starts = await _all(workers, "window_start", 30.0)
         rss_peak = gateway.rss_bytes()
         while time.monotonic() < t0 + args.hold and gateway.alive():
             await asyncio.sleep(min(1.0, max(0.0, t0 + args.hold - time.monotonic())))
             rss_peak = max(rss_peak, gateway.rss_bytes())
         ends = await _all(workers, "window_end", 30.0)
+        if probe is not None:
+            await probe.mark("window_end")
         t1 = time.monotonic()
         gw_cpu1 = gateway.cpu_seconds()
         gw_split1 = gateway.cpu_split_seconds()
@@ -314,7 +338,11 @@ async def _measure(
         rss_end = gateway.rss_bytes()
         metrics_after = (await client.get(base_url + "/metrics")).text
     window_s = t1 - t0
+    if probe is not None:
+        await probe.sample_entries()
     finishes = await _all(workers, "finish", 120.0, window=[t0, t1], timeout=args.up_timeout)
+    if probe is not None:
+        await probe.wait_drained()
     figures = CallerFigures()
     by_carrier = {"sip": CallerFigures(), "twilio": CallerFigures()}
     for answer in finishes:
@@ -352,6 +380,7 @@ async def _measure(
 
     data: dict[str, Any] = {
         "offered": calls,
+        "cluster": probe.figures(held) if probe is not None else None,
         "offered_sip_share": args.sip_share,
         "dialect": args.dialect,
         "speak": args.speak,
@@ -424,7 +453,7 @@ async def _measure(
         for v in (lateness.quantile_bound(0.5), lateness.quantile_bound(0.99), lateness.max_bound())
     )
     row = [
-        str(calls),
+        str(calls) + (" dir" if probe is not None else ""),
         str(held),
         number_cell(gw_cpu_pct),
         number_cell(gw_cpu_pct / held, 3) if held else "-",
@@ -446,6 +475,9 @@ def print_step_details(data: dict[str, Any], log_path: Path) -> None:
     """The lines under a step's row (:func:`bench.report.step_detail_lines`)."""
     for line in step_detail_lines(data):
         print(line, flush=True)
+    if data.get("cluster"):
+        for line in directory_lines(data["cluster"]):
+            print(line, flush=True)
     if data["held"] == 0:
         print(f"bench: no call was answered; see {log_path}", flush=True)
 
@@ -476,10 +508,13 @@ async def run(args: argparse.Namespace) -> int:
     )
     rows: list[list[str]] = []
     failed = False
-    for calls in args.calls:
-        print(f"bench: step of {calls} calls ...", flush=True)
+    # --cluster ab: every step without the directory, then with it (bench/directory_cost.py).
+    modes = {None: (False,), "on": (True,), "ab": (False, True)}[args.cluster]
+    for calls, cluster in [(calls, on) for calls in args.calls for on in modes]:
+        print(f"bench: step of {calls} calls{' (cluster)' if cluster else ''} ...", flush=True)
         try:
-            data, row = await run_step(calls, args, out_dir)
+            step = run_step(calls, args, out_dir, cluster=True) if cluster else None
+            data, row = await (step or run_step(calls, args, out_dir))
         except Exception as exc:
             failed = True
             print(f"bench: step of {calls} calls failed: {type(exc).__name__}: {exc}", flush=True)
@@ -490,7 +525,7 @@ async def run(args: argparse.Namespace) -> int:
         report["steps"].append(data)
         rows.append(row)
         print(format_table(HEADERS, [row]), flush=True)
-        print_step_details(data, out_dir / f"gateway-{calls}.log")
+        print_step_details(data, out_dir / f"gateway-{calls}{'-cluster' if cluster else ''}.log")
         if args.until_break and bar_failures(data) and calls != args.calls[-1]:
             print(f"bench: {calls} calls missed a bar; the ramp stops here", flush=True)
             break
@@ -513,6 +548,9 @@ async def run(args: argparse.Namespace) -> int:
             + ("kept every bar" if ran and not bar_failures(step) else "missed a bar")
         )
     print(final_line(report["steps"]))
+    if args.cluster == "ab":
+        for line in ab_lines(ran):
+            print(line)
     print(
         "* tick lateness comes from the gateway's bucketed /metrics histogram: each figure is the "
         "upper bound of its bucket. gen CPU% is per worker process; noise% is what other "
@@ -533,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             args.calls, args.until_break = list(DEFAULT_RAMP), True
     if args.soak is not None and (len(args.calls) != 1 or not 0 < args.soak <= 86400):
         print("bench: --soak takes one --calls value and 0 < SECONDS <= 86400", file=sys.stderr)
+        return 2
+    if args.cluster is not None and args.soak is not None:
+        print("bench: --cluster runs ramp steps, not --soak", file=sys.stderr)
         return 2
     if args.overload is not None:
         if not 1 <= args.overload <= 3000 or args.soak is not None:

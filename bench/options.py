@@ -115,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
         "request on the gateway's utterance cache answers it) or unique (a new sentence every "
         "time, as an LLM's answers: eSpeak NG synthesises every one)",
     )
+    parser.add_argument(
+        "--cluster",
+        nargs="?",
+        const="on",
+        choices=("on", "ab"),
+        default=None,
+        help="the gateway with [cluster] against a redis-server of its own, and the call "
+        "directory's cost printed (Redis commands per call and per heartbeat); 'ab' runs every "
+        "step twice, without then with, and compares CPU per call (docs/PERFORMANCE.md)",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")

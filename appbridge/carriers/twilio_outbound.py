@@ -35,6 +35,13 @@ Two users of the same dial:
   app; it resolves with the party's :class:`~appbridge.carriers.twilio.TwilioLeg` once its stream
   starts, or raises ``TransferError("transfer_failed")`` on busy, no-answer, failed, or no answer
   within ``timeout_s``. When the awaiting task is cancelled, the Twilio call is canceled.
+
+In a cluster both Twilio requests of a dial may land on any node, since they are addressed to
+the load balancer (docs/scaling.md, "Calls placed through Twilio"): the placing node names itself
+in the callback's query (:data:`NODE_QUERY`) and in the stream's :data:`NODE_PARAM`, and a node
+that does not hold the dial forwards the callback (carriers/twilio/status.py,
+cluster/dial_relay.py) or relays the stream (cluster/stream_relay.py) to the node named, after
+its own signature check.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import quote
 
 import httpx
 
@@ -55,7 +62,7 @@ from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.requests import CallRequest, OutboundError
 from appbridge.carriers.twilio.leg import TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url, twiml_stream
-from appbridge.protocol.signing import verify_twilio
+from appbridge.cluster import cluster_of
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -69,6 +76,9 @@ log = logging.getLogger(__name__)
 
 #: The ``<Parameter>`` that ties a Media Stream back to the dial that asked for it.
 DIAL_TOKEN_PARAM: Final = "appbridgeDial"
+#: Clustered, the ``<Parameter>`` and the callback's query field naming the node that dialed.
+NODE_PARAM: Final = "appbridgeNode"
+NODE_QUERY: Final = "node"
 STATUS_PATH: Final = "/twilio/status"
 #: Progress events asked of Twilio (its ``StatusCallbackEvent`` values).
 STATUS_EVENTS: Final = ("initiated", "ringing", "answered", "completed")
@@ -78,6 +88,8 @@ MAX_TWILIO_TIMEOUT_S: Final = 600
 LINGER_S: Final = 60.0
 E164_RE: Final = re.compile(r"\+[1-9][0-9]{1,14}")
 CALL_SID_RE: Final = re.compile(r"CA[0-9a-fA-F]{32}")
+#: A dial id as :meth:`TwilioOutbound._new_dial` makes them; nothing else is forwarded.
+DIAL_ID_RE: Final = re.compile(r"[0-9a-f]{24}")
 
 Phase = Literal["dialing", "ringing", "answered", "ended"]
 Outcome = Literal["busy", "no-answer", "failed", "canceled"]
@@ -247,12 +259,17 @@ class TwilioOutbound:
     def _form(self, d: TwilioDial, to: str, from_: str) -> dict[str, str | list[str]]:
         base = self.gw.config.server.base_url()
         params = {"from": from_, "to": to, "direction": "outbound", DIAL_TOKEN_PARAM: d.token}
+        callback = f"{base}{STATUS_PATH}?dial={d.dial_id}"
+        cluster = cluster_of(self.gw)
+        if cluster is not None:
+            params[NODE_PARAM] = cluster.node_id
+            callback += f"&{NODE_QUERY}={quote(cluster.node_id)}"
         timeout = min(MAX_TWILIO_TIMEOUT_S, max(1, math.ceil(d.progress.timeout_s)))
         return {
             "To": to,
             "From": from_,
             "Twiml": twiml_stream(stream_url(base), params),
-            "StatusCallback": f"{base}{STATUS_PATH}?dial={d.dial_id}",
+            "StatusCallback": callback,
             "StatusCallbackMethod": "POST",
             "StatusCallbackEvent": list(STATUS_EVENTS),
             "Timeout": str(timeout),
@@ -563,27 +580,16 @@ def claim_outbound_stream(
     return found.on_stream_start(info, send)
 
 
-async def handle_status_callback(
-    gw: CarrierServices, url: str, pairs: list[tuple[str, str]], signature: str | None
-) -> tuple[int, str, bytes]:
-    """``POST /twilio/status``: (status, content type, body). Signed like the voice webhook
-    (docs/protocol-twilio.md, "X-Twilio-Signature"): 403 on a mismatch, and nothing changes."""
-    cfg = gw.config.twilio
-    if cfg is None:
-        return 404, "application/json", b'{"error":"not_found","message":"Twilio is not enabled"}'
-    params: dict[str, list[str]] = {}
-    for name, value in pairs:
-        params.setdefault(name, []).append(value)
-    if cfg.auth_token and not verify_twilio(cfg.auth_token, url, params, signature or ""):
-        gw.metrics.bad_signatures += 1
-        return (
-            403,
-            "application/json",
-            b'{"error":"forbidden","message":"X-Twilio-Signature does not match"}',
-        )
-    form = {name: values[-1] for name, values in params.items()}
-    dial_id = dict(parse_qsl(urlsplit(url).query)).get("dial", "")
+def dial_owner(gw: CarrierServices, info: TwilioStartInfo) -> str | None:
+    """Clustered, the node a dial's stream belongs to when it is not this one: the node its
+    :data:`NODE_PARAM` names, for a dial token this node does not hold (module doc)."""
+    cluster = cluster_of(gw)
+    params = info.custom_parameters
+    owner = params.get(NODE_PARAM)
+    if cluster is None or owner is None or owner == cluster.node_id:
+        return None
     found = gw.twilio_outbound
-    if found is None or not found.on_status(dial_id, form):
-        log.debug("twilio status: callback for no dial we track (%s)", form.get("CallSid"))
-    return 204, "text/plain", b""
+    token = params.get(DIAL_TOKEN_PARAM)
+    if token is None or (found is not None and token in found._by_token):
+        return None
+    return owner

@@ -7,7 +7,9 @@ One concept per module: :mod:`~appbridge.cluster.keys` (the Redis key names and 
 :mod:`~appbridge.cluster.auth` (signed requests between nodes),
 :mod:`~appbridge.cluster.forward` (a request relayed to the node holding the call, and the
 owner's check of it),
-:mod:`~appbridge.cluster.stream_relay` (a Twilio Media Stream relayed to the call's node) and
+:mod:`~appbridge.cluster.stream_relay` (a Twilio Media Stream relayed to the call's node),
+:mod:`~appbridge.cluster.dial_relay` (a status callback of a call placed through Twilio, sent
+on to the node that placed it) and
 :mod:`~appbridge.cluster.service` (the running whole, started and stopped with the gateway).
 Without ``[cluster]`` none of it runs and the gateway is one node.
 """

@@ -37,6 +37,8 @@ class DirectoryWriter:
         self._adds = False
         # callRef → (state, sessionRef) as last queued, to notice state changes cheaply.
         self._seen: dict[str, tuple[Any, Any]] = {}
+        # Keys to delete with the next batch: claims of Twilio CallSids whose calls ended.
+        self._released: list[str] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -51,6 +53,12 @@ class DirectoryWriter:
     def remove(self, call_ref: str) -> None:
         self._seen.pop(call_ref, None)
         self._pending[call_ref] = None
+        self._wake.set()
+
+    def release(self, key: str) -> None:
+        """Delete ``key`` with the next batch: calls that end together share one ``DEL``, and
+        a burst of hang-ups opens no Redis connection per call."""
+        self._released.append(key)
         self._wake.set()
 
     def changed(self, call_ref: str, state: Any, session_ref: Any) -> bool:
@@ -74,18 +82,26 @@ class DirectoryWriter:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._pending:
+            if not self._pending and not self._released:
                 continue
             batch, self._pending = self._pending, {}
             adds, self._adds = self._adds, False
+            released, self._released = self._released, []
             await self._link.try_run(
-                "write directory", partial(self._write, batch=batch, adds=adds)
+                "write directory", partial(self._write, batch=batch, adds=adds, released=released)
             )
 
     async def _write(
-        self, client: Any, *, batch: dict[str, dict[str, Any] | None], adds: bool
+        self,
+        client: Any,
+        *,
+        batch: dict[str, dict[str, Any] | None],
+        adds: bool,
+        released: list[str] | None = None,
     ) -> Any:
         pipe = client.pipeline(transaction=False)
+        if released:
+            pipe.delete(*released)
         puts = {ref: keys.encode_record(rec) for ref, rec in batch.items() if rec is not None}
         gone = [ref for ref, rec in batch.items() if rec is None]
         if puts:

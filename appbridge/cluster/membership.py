@@ -160,6 +160,18 @@ async def live_nodes(
     return await link.run("read nodes", read)
 
 
+async def node_info(link: RedisLink, node_id: str) -> NodeInfo | None:
+    """The live node ``node_id`` as its hash says (one round trip), or None when it is not
+    live. Raises :class:`~appbridge.cluster.redis_link.RedisUnavailable`."""
+
+    async def read(client: Any) -> dict[str, str]:
+        # The link decodes answers (redis_link.py), so the fields are text.
+        return dict(await client.hgetall(keys.node_key(node_id)))
+
+    node = parse_node(await link.run("read node", read), None)
+    return node if node is not None and node.node_id == node_id else None
+
+
 def choose_node(
     nodes: list[NodeInfo], self_id: str, self_free: int, *, self_draining: bool = False
 ) -> str:

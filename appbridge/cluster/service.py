@@ -27,6 +27,7 @@ from appbridge.cluster.membership import (
     heartbeat_steps,
     leave_steps,
     live_nodes,
+    node_info,
 )
 from appbridge.cluster.redis_link import RedisLink, RedisUnavailable
 
@@ -115,7 +116,7 @@ class ClusterService:
     def call_removed(self, call: Call) -> None:
         self.writer.remove(call.call_ref)
         if call.carrier == "twilio" and call.direction == "inbound":
-            self.spawn(self.release_call_sid(call.call_ref), "cluster-release-callsid")
+            self.writer.release(keys.callsid_key(call.call_ref))
 
     # -- the loop ----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -177,6 +178,10 @@ class ClusterService:
     async def locate(self, call_ref: str) -> NodeInfo | None:
         """The live node holding ``call_ref``; raises RedisUnavailable."""
         return await locate(self.link, call_ref)
+
+    async def node(self, node_id: str) -> NodeInfo | None:
+        """The live node ``node_id``, None when it is not live; raises RedisUnavailable."""
+        return await node_info(self.link, node_id)
 
     async def remote_calls(self) -> list[dict[str, Any]]:
         """The other live nodes' calls as their directories say; raises RedisUnavailable."""

@@ -2,8 +2,9 @@
 the owner (docs/scaling.md, "Twilio behind a load balancer").
 
 TwiML's ``<Stream url>`` names the load balancer, so Twilio's stream may land on any node. The
-node it lands on reads only the ``start`` message, finds the call's owner in the directory and
-opens a WebSocket to the owner's ``/twilio/stream``, signed with the cluster secret
+node it lands on reads only the ``start`` message, finds the call's owner (in the directory, or,
+for a call a node placed through Twilio, the live node its ``start`` names) and opens a
+WebSocket to the owner's ``/twilio/stream``, signed with the cluster secret
 (:mod:`appbridge.cluster.auth`). From then on every frame is passed through unchanged both ways,
 without being decoded: the owner treats the relayed stream as a direct one. The relay's cost is
 one more loopback or LAN hop per frame and a little CPU on the landing node.
@@ -39,14 +40,25 @@ def owner_stream_url(internal_url: str) -> str:
 
 
 class StreamRelay:
-    """One relayed stream: Twilio's socket here (``sink``), the owner's over a client."""
+    """One relayed stream: Twilio's socket here (``sink``), the owner's over a client.
+
+    ``owner`` is the node id a dialed call's ``start`` names (carriers/twilio_outbound.py); it
+    is trusted only as far as a live node announced it, and the owner still checks the dial's
+    token. Without it the owner is the node whose directory holds ``call_sid``.
+    """
 
     def __init__(
-        self, cluster: ClusterService, sink: StreamSink, call_sid: str, start_frame: bytes
+        self,
+        cluster: ClusterService,
+        sink: StreamSink,
+        call_sid: str,
+        start_frame: bytes,
+        owner: str | None = None,
     ) -> None:
         self._cluster = cluster
         self._sink = sink
         self.call_sid = call_sid
+        self.owner = owner
         self._buffer: list[bytes] = [start_frame]
         self._client: WsClient | None = None
         self._closed = False
@@ -55,7 +67,10 @@ class StreamRelay:
     async def _connect(self) -> None:
         cluster = self._cluster
         try:
-            node = await cluster.locate(self.call_sid)
+            if self.owner is not None:
+                node = await cluster.node(self.owner)
+            else:
+                node = await cluster.locate(self.call_sid)
         except RedisUnavailable:
             node = None
         if node is None or node.node_id == cluster.node_id:

@@ -2,7 +2,8 @@
 
 * ``POST /twilio/voice``, the voice webhook of calls from Twilio (carriers/twilio/webhook.py);
 * ``POST /twilio/status``, the status callback of calls the gateway placed through Twilio
-  (carriers/twilio_outbound.py);
+  (carriers/twilio/status.py), and clustered its owner's half under ``/internal``
+  (cluster/dial_relay.py);
 * ``POST /2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json``, the Twilio-compatible hang-up
   for apps of the Twilio dialect (http/twilio_rest.py);
 * ``WS /twilio/stream``, the Media Stream behind ASGI (carriers/twilio/stream.py), for a server
@@ -26,6 +27,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from appbridge.carriers.twilio.stream import TwilioStreamEndpoint
 from appbridge.carriers.twilio.webhook import handle_voice_webhook
 from appbridge.cluster.auth import AUTH_HEADER
+from appbridge.cluster.dial_relay import STATUS_ROUTE
 from appbridge.cluster.forward import INTERNAL_PREFIX, forward, internal_refusal
 from appbridge.cluster.redis_link import RedisUnavailable
 from appbridge.http import twilio_rest
@@ -72,7 +74,8 @@ async def twilio_voice(gw: Gateway, request: Request) -> Response:
 
 async def twilio_status(gw: Gateway, request: Request) -> Response:
     """Twilio's status callback for the calls the gateway placed (carriers/twilio_outbound.py)."""
-    from appbridge.carriers.twilio_outbound import STATUS_PATH, handle_status_callback
+    from appbridge.carriers.twilio.status import handle_status_callback
+    from appbridge.carriers.twilio_outbound import STATUS_PATH
 
     pairs = await _read_form(request, "callback")
     if isinstance(pairs, Response):
@@ -135,6 +138,23 @@ def twilio_routes(gw: Gateway) -> list[BaseRoute]:
     ]
 
 
+async def _internal_status(gw: Gateway, request: Request) -> Response:
+    """A status callback another node took from Twilio and checked, for a dial placed here
+    (cluster/dial_relay.py): the cluster signature stands in for Twilio's."""
+    from appbridge.carriers.twilio.status import apply_status
+
+    refused = internal_refusal(
+        gw.cluster, request.method, request.url.path, request.headers.get(AUTH_HEADER)
+    )
+    if refused is not None:
+        return refused
+    pairs = await _read_form(request, "callback")
+    if isinstance(pairs, Response):
+        return pairs
+    status, ctype, payload = apply_status(gw, request.path_params["dial_id"], pairs)
+    return Response(payload, status_code=status, media_type=ctype)
+
+
 async def _internal_update_call(gw: Gateway, request: Request) -> Response:
     """A hang-up another node forwarded: its credentials came along and are checked as on one
     node, once the cluster signature is (docs/scaling.md)."""
@@ -147,8 +167,12 @@ async def _internal_update_call(gw: Gateway, request: Request) -> Response:
 
 
 def internal_twilio_routes(gw: Gateway) -> list[BaseRoute]:
-    """The owner's half of a forwarded Twilio-compatible hang-up, with ``[cluster]`` only."""
+    """The owner's half of a forwarded Twilio-compatible hang-up and of a forwarded status
+    callback, with ``[cluster]`` only."""
     if gw.config.cluster is None:
         return []
     path = INTERNAL_PREFIX + TWILIO_CALL_PATH
-    return [Route(path, partial(_internal_update_call, gw), methods=["POST"])]
+    return [
+        Route(path, partial(_internal_update_call, gw), methods=["POST"]),
+        Route(STATUS_ROUTE, partial(_internal_status, gw), methods=["POST"]),
+    ]

@@ -1,8 +1,10 @@
 """Three gateway nodes as real processes on 127.0.0.2/.3/.4, one real redis-server
 (docs/scaling.md): any node lists and ends any call, placement by free capacity, a Redis restart
 cuts no call and the directory heals, a killed node's calls answer 404 once its membership
-expired, and a Twilio webhook posted to two nodes makes one call whose stream, landing on the
-other node, is relayed to the owner."""
+expired, a Twilio webhook posted to two nodes makes one call whose stream, landing on the
+other node, is relayed to the owner, and a call placed through Twilio (an outbound app call, a
+warm transfer's party) works when its status callbacks and its stream land on a node other
+than the one that placed it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import pytest
 from appbridge.caller.twilio_carrier import TwilioCarrier
 from appbridge.caller.twilio_stream import TwilioStreamCall
 from appbridge.testing.fake_app import FakeApp
+from appbridge.testing.fake_twilio import FakeTwilio, FakeTwilioRest
+from appbridge.testing.fake_twilio_outbound import Callee
 from tests.cluster_support import RedisProcess, free_tcp_port, redis_server
 
 __all__ = ["redis_server"]
@@ -57,6 +61,7 @@ auth_token = "{http_token}"
 [carriers.twilio]
 account_sid = "{sid}"
 auth_token = "{twilio_token}"
+api_base = "http://127.0.0.1:{rest_port}"
 
 [sip]
 listen = ["udp:{host}:{sip_port}"]
@@ -129,6 +134,7 @@ class Cluster:
     nodes: dict[str, Node]
     redis: RedisProcess
     app_port: int
+    rest_port: int
 
     def carrier(self, webhook_node: str, stream_node: str | None = None) -> TwilioCarrier:
         """Twilio behind the load balancer: the webhook reaches one node, the stream another."""
@@ -164,6 +170,7 @@ def cluster(
 ) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("cluster")
     port, sip_port, app_port = free_tcp_port(), free_tcp_port(), free_tcp_port()
+    rest_port = free_tcp_port()  # the fake Twilio REST API, started by the test that needs it
     nodes: dict[str, Node] = {}
     for index, (node_id, (host, max_calls)) in enumerate(NODES.items()):
         config = workdir / f"{node_id}.toml"
@@ -184,13 +191,14 @@ def cluster(
                 app_port=app_port,
                 node_id=node_id,
                 redis_url=redis_server.url,
+                rest_port=rest_port,
             )
         )
         nodes[node_id] = Node(node_id, host, port, config, workdir / f"{node_id}.log")
     for node in nodes.values():
         node.start()
     try:
-        yield Cluster(nodes, redis_server, app_port)
+        yield Cluster(nodes, redis_server, app_port, rest_port)
     finally:
         for node in nodes.values():
             node.stop()
@@ -369,6 +377,107 @@ async def test_a_webhook_posted_to_two_nodes_makes_one_call_relayed_to_its_owner
     assert len(app.sessions) == 1  # the copy answered without dialling the app
     await call.hangup()
     await session.wait_closed(timeout=10)
+
+
+async def call_state(node: Node, call_ref: str) -> str:
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        answer = await client.get(f"{node.base}/v1/calls/{call_ref}", headers=BEARER)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["state"])
+
+
+@pytest.fixture
+async def twilio_rest(cluster: Cluster) -> Any:
+    """The fake Twilio REST API the nodes' ``api_base`` names: calls the nodes place go there."""
+    rest = FakeTwilioRest(account_sid=SID, auth_token=TWILIO_TOKEN)
+    rest._server._config.port = cluster.rest_port  # the port the nodes' configuration names
+    await rest.start()
+    yield rest
+    await rest.stop()
+
+
+def twilio_reaches(rest: FakeTwilioRest, node: Node) -> None:
+    """Twilio behind the load balancer: every callback and stream of a call a node places
+    lands on ``node``."""
+    FakeTwilio(
+        node.base, account_sid=SID, auth_token=TWILIO_TOKEN, public_url=PUBLIC_URL, rest=rest
+    )
+
+
+async def test_a_call_placed_through_twilio_works_on_whichever_node_twilio_reaches(
+    live: Cluster, app: FakeApp, twilio_rest: FakeTwilioRest
+) -> None:
+    nodes = live.nodes
+    landing, owner = nodes["node-a"], nodes["node-c"]
+    rest = twilio_rest
+    twilio_reaches(rest, landing)
+    rest.dialer.callees["+15550000007"] = Callee("busy", after_ms=100)
+    rest.dialer.default_callee = Callee("answer", after_ms=100, continuous_media=True)
+    request = {"app": "a", "from": "+15550000001", "carrier": "twilio", "timeout_s": 20}
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        placed = await client.post(
+            landing.base + "/v1/calls", json={**request, "to": "+15550000003"}, headers=BEARER
+        )
+        assert placed.status_code == 201, placed.text
+        assert placed.json()["node"] == "node-c"  # the most free capacity
+        ref = placed.json()["callRef"]
+        out = await rest.dialer.next_call()
+        callee = await out.wait_stream(timeout=10)
+        session = await app.next_session(timeout=10)
+        start = await session.wait_for("session.start", timeout=10)
+        assert start is not None
+        for status in ("initiated", "ringing", "in-progress"):
+            assert (await out.wait_for_status(status)).http_status == 204
+        await callee.send_audio_ulaw(b"\x55" * 160 * 25)  # half a second, via node A
+        await session.wait_until(lambda: len(session.inbound_audio()) >= 160 * 10, timeout=10)
+        assert f"twilio stream {ref}: relayed to node node-c" in landing.log.read_text()
+        await poll(lambda: _equals(call_state(owner, ref), "active"))
+        await callee.hangup()
+        await session.wait_closed(timeout=10)
+        assert (await out.wait_for_status("completed", timeout=10)).http_status == 204
+        await poll(lambda: _equals(call_state(owner, ref), "ended"))
+
+        # A callee that is busy: only the forwarded callback can tell the owner so.
+        busy = await client.post(
+            landing.base + "/v1/calls", json={**request, "to": "+15550000007"}, headers=BEARER
+        )
+        assert busy.status_code == 201, busy.text
+        assert busy.json()["node"] == "node-c"
+        busy_ref = busy.json()["callRef"]
+        busy_out = await rest.dialer.next_call()
+        assert (await busy_out.wait_for_status("busy")).http_status == 204
+        await poll(lambda: _equals(call_state(owner, busy_ref), "busy"))
+
+
+async def test_a_warm_transfer_party_placed_through_twilio_reaching_another_node(
+    live: Cluster, app: FakeApp, twilio_rest: FakeTwilioRest
+) -> None:
+    nodes = live.nodes
+    caller = await place(live, app, "node-a")  # the call lives on node A
+    session = app.sessions[-1]
+    twilio_reaches(twilio_rest, nodes["node-b"])  # the party's callbacks and stream: node B
+    twilio_rest.dialer.default_callee = Callee("answer", after_ms=100)
+    await session.send({"type": "transfer", "id": "w1", "to": "+15557654321", "mode": "warm"})
+    out = await twilio_rest.dialer.next_call()
+    party = await out.wait_stream(timeout=10)
+    for status in ("initiated", "ringing", "in-progress"):
+        assert (await out.wait_for_status(status)).http_status == 204
+
+    async def completed() -> dict[str, Any] | None:
+        await session.send({"type": "transfer.complete", "id": "w1"})
+        message = await session.wait_for(
+            lambda m: m.get("type") == "session.end" or m.get("relatesTo") == "w1", timeout=5
+        )
+        return message if message.get("type") == "session.end" else None
+
+    end = await poll(completed)  # bad_message until the relayed stream is the party's
+    assert end["reason"] == "transfer"
+    assert f"twilio stream {party.call_sid}: relayed to node node-a" in (
+        nodes["node-b"].log.read_text()
+    )
+    assert not caller.closed and not party.closed  # bridged on node A
+    await caller.hangup()
+    await party.wait_closed(timeout=10)
 
 
 async def test_a_redis_restart_cuts_no_call_and_the_directory_heals(

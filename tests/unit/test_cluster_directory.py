@@ -278,3 +278,26 @@ async def test_a_callsid_is_claimed_once_across_nodes(
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_the_callsid_claims_of_calls_ending_together_go_in_one_batch(
+    redis_server: RedisProcess, client: aioredis.Redis
+) -> None:
+    gw, svc = service(redis_server.url)
+    await svc.start()
+    try:
+        calls = [FakeCall(f"CA{n}", carrier="twilio") for n in range(20)]
+        for call in calls:
+            assert await svc.claim_call_sid(call.call_ref) is True
+            gw.registry.add(call)  # type: ignore[arg-type]
+        await until(lambda: _equals(client.hlen(keys.calls_key("node-a")), 20))
+        before = await client.info("clients")
+        for call in calls:  # a burst of hang-ups
+            gw.registry.remove(call)  # type: ignore[arg-type]
+        claims = [keys.callsid_key(call.call_ref) for call in calls]
+        await until(lambda: _equals(client.exists(*claims), 0))
+        after = await client.info("clients")
+        # No connection per ended call: the releases went with the writer's batch.
+        assert after["connected_clients"] <= before["connected_clients"] + 1
+    finally:
+        await svc.stop()

@@ -13,6 +13,7 @@ One concept per module:
 * ``stream.py``: the Media Stream session, on the WebSocket fast path or behind ASGI.
 * ``leg.py``: the carrier leg a call talks to; every frame toward Twilio passes through it.
 * ``rest.py``: the part of Twilio's REST API the gateway calls (hang-up, transfer, new calls).
+* ``status.py``: ``POST /twilio/status``, the status callback of the calls the gateway placed.
 
 Calls the gateway places through Twilio (``POST /v1/calls``, transfer parties) are in
 ``carriers/twilio_outbound.py``; their streams arrive at ``stream.py`` too and are claimed by

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from appbridge.calls.state import CallState
 from appbridge.carriers.twilio.leg import ASGISend, StreamSink, TwilioLeg
 from appbridge.carriers.twilio.twiml import stream_url
-from appbridge.carriers.twilio_outbound import claim_outbound_stream, outbound_for
+from appbridge.carriers.twilio_outbound import claim_outbound_stream, dial_owner, outbound_for
 from appbridge.cluster import cluster_of
 from appbridge.cluster.auth import AUTH_HEADER, AuthResult
 from appbridge.protocol.signing import verify_twilio
@@ -128,6 +128,10 @@ class TwilioStreamSession:
 
         gw = self.gw
         info = msg.start
+        # A stream of a call another node placed through Twilio goes to that node.
+        owner = dial_owner(gw, info)
+        if owner is not None and self._relay(info.call_sid, data, owner):
+            return None
         # Streams of calls the gateway placed (outbound calls, transfer parties).
         claimed = claim_outbound_stream(gw, info, self.sink)
         if isinstance(claimed, TwilioLeg):
@@ -150,17 +154,18 @@ class TwilioStreamSession:
         call.attach_carrier(self.leg)
         return None
 
-    def _relay(self, call_sid: str, start: bytes | str) -> bool:
+    def _relay(self, call_sid: str, start: bytes | str, owner: str | None = None) -> bool:
         """Relay a stream of a call this node does not hold to the node that does
         (docs/scaling.md, "Twilio behind a load balancer"): clustered, on the fast path, and
-        only a stream that came from Twilio itself."""
+        only a stream that came from Twilio itself. ``owner`` names that node for a call it
+        placed; otherwise the directory says."""
         cluster = cluster_of(self.gw)
         if cluster is None or self.from_peer or not hasattr(self.sink, "send_droppable_text"):
             return False
         from appbridge.cluster.stream_relay import StreamRelay
 
         frame = start if isinstance(start, bytes) else start.encode()
-        self.relay = StreamRelay(cluster, self.sink, call_sid, frame)
+        self.relay = StreamRelay(cluster, self.sink, call_sid, frame, owner)
         return True
 
     def on_closed(self) -> None:
