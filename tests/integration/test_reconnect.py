@@ -9,6 +9,14 @@ bound; none asserts how fast something happened.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +26,8 @@ import pytest
 from appbridge.testing.fake_app import FakeApp, FakeSession
 from appbridge.testing.fake_twilio import FakeTwilioCall
 from tests.integration.conftest import API_TOKEN, SECRET, Env, gateway_env
+from tests.integration.sipp_support import sipp_required
+from tests.integration.test_sip_sipp import PCAPS, ROUTED, run_sipp, sip_gateway
 
 REPO = Path(__file__).resolve().parents[2]
 SENTENCE = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen."
@@ -127,3 +137,203 @@ async def test_an_api_hangup_between_links_ends_the_call_at_once() -> None:
         env.app.refuse = False
         with pytest.raises(TimeoutError):
             await env.app.next_session(timeout=1)
+
+
+# --- a real SDK app process, killed mid-call ---------------------------------------------------
+
+WRAPPER = """
+import os, runpy, sys, time
+import appbridge.sdk  # the slow imports happen before the gate, so a restart binds at once
+gate = os.environ.get("GATE", "")
+while gate and not os.path.exists(gate):
+    time.sleep(0.005)
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BotProcess:
+    """examples/reconnect_bot.py as its own process, on a fixed port, with its JSON store."""
+
+    def __init__(self, tmp: Path, port: int) -> None:
+        self.tmp, self.port = tmp, port
+        self.store = tmp / "state.json"
+        self.wrapper = tmp / "run_bot.py"
+        self.wrapper.write_text(WRAPPER)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Any] = []
+
+    def spawn(self, gate: Path | None = None) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "APP_PORT": str(self.port),
+            "APP_SECRET": SECRET,
+            "APP_STATE_FILE": str(self.store),
+            "GATE": str(gate) if gate else "",
+        }
+        log = open(self.tmp / f"bot{len(self.procs)}.log", "wb")  # noqa: SIM115
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, str(self.wrapper), str(REPO / "examples" / "reconnect_bot.py")],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    async def listening(self, timeout_s: float = 20.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            return
+        raise AssertionError("the bot never listened: " + self.logs())
+
+    def state(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.store.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return next(iter(data.values()), {}) if isinstance(data, dict) else {}
+
+    async def wait_state(self, check: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            state = self.state()
+            if state and check(state):
+                return state
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"store state {self.state()!r}; logs: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-1500:] for p in self.tmp.glob("bot*.log"))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(5)
+        for log in self._logs:
+            log.close()
+
+
+@contextmanager
+def bot_processes(tmp: Path) -> Iterator[BotProcess]:
+    bots = BotProcess(tmp, free_tcp_port())
+    try:
+        yield bots
+    finally:
+        bots.stop()
+
+
+@asynccontextmanager
+async def bot_gateway(bots: BotProcess) -> AsyncIterator[Env]:
+    def apps(_: FakeApp) -> list[dict[str, Any]]:
+        url = f"ws://127.0.0.1:{bots.port}/session"
+        return [
+            {"ref": "main", "url": url, "signing_secret": SECRET, "fallback": {"message": SORRY}}
+        ]
+
+    async with gateway_env(apps) as env:
+        yield env
+
+
+@pytest.mark.timeout(90)
+async def test_a_killed_and_restarted_sdk_app_takes_its_session_back(tmp_path: Path) -> None:
+    with bot_processes(tmp_path) as bots:
+        bots.spawn()
+        await bots.listening()
+        gate = tmp_path / "go"
+        bots.spawn(gate)  # imports now, binds once the first is gone
+        async with bot_gateway(bots) as env:
+            call = await env.twilio.place_call(
+                "+15550001111", "+15550002222", continuous_media=True
+            )
+            assert call.webhook_status == 200, call.twiml
+            await heard_grows(call, 4000)  # the greeting
+            for digit in "12":
+                await call.send_dtmf(digit)
+            await bots.wait_state(lambda s: s["presses"] == 2)
+            bots.procs[0].send_signal(signal.SIGKILL)
+            bots.procs[0].wait(5)
+            gate.touch()
+            # The restarted app restores the session from its store and gets events.lost.
+            await bots.wait_state(lambda s: "lost" in s, timeout_s=20)
+            assert "restored: True" in bots.logs()  # by the resume hook, from the store
+            await heard_grows(call, 4000)  # "Welcome back": the call went on
+            await call.send_dtmf("3")
+            await bots.wait_state(lambda s: s["presses"] == 3)
+            await call.send_dtmf("#")
+            await call.wait_closed(timeout=20)  # "#": goodbye and hang-up, by the new process
+
+
+@pytest.mark.timeout(90)
+async def test_a_killed_sdk_app_that_stays_down_sends_the_call_to_the_fallback(
+    tmp_path: Path,
+) -> None:
+    with bot_processes(tmp_path) as bots:
+        bots.spawn()
+        await bots.listening()
+        async with bot_gateway(bots) as env:
+            call = await env.twilio.place_call(
+                "+15550001111", "+15550002222", continuous_media=True
+            )
+            await heard_grows(call, 4000)
+            await call.send_dtmf("1")
+            await bots.wait_state(lambda s: s["presses"] == 1)
+            bots.procs[0].send_signal(signal.SIGKILL)
+            bots.procs[0].wait(5)
+            before = len(call.heard_ulaw())
+            await call.wait_closed(timeout=30)  # 5 attempts, then the message, then hang-up
+            assert len(call.heard_ulaw()) - before > 8000  # over a second of the fallback
+            assert env.gw.metrics.app_unreachable >= 1
+
+
+# --- on SIP, with sipp as the caller -----------------------------------------------------------
+
+
+@sipp_required()
+@pytest.mark.timeout(60)
+async def test_a_sip_call_goes_on_across_a_lost_link(tmp_path: Path) -> None:
+    async with sip_gateway(41400) as env:
+        sipp = asyncio.create_task(
+            run_sipp(
+                env,
+                "uac_basic.xml",
+                ROUTED,
+                tmp_path,
+                pcap=str(PCAPS / "g711a.pcap"),
+                pause_ms="8000",
+            )
+        )
+        first = await env.app.next_session(timeout=10)
+        start = await first.wait_for("session.start", timeout=5)
+        await first.wait_until(lambda: len(first.audio) >= 10, timeout=8)  # caller audio
+        await first.set_reconnect(True)
+        await first.send({"type": "speak", "id": "long", "text": SENTENCE})
+        await first.wait_for("output.started", timeout=10)
+        await first.close()
+        second = await env.app.next_session(timeout=10)
+        again = await second.wait_for("session.start", timeout=5)
+        assert again["sessionRef"] == start["sessionRef"] and again["reconnect"]["attempt"] == 1
+        await second.set_reconnect(True)
+        await second.wait_for("events.lost", timeout=5)
+        await second.send({"type": "speak", "id": "after", "text": "Still here."})
+        await second.wait_for(lambda m: m["type"] == "output.done" and m["id"] == "after", 15)
+        rc, log = await sipp
+        assert rc == 0, log
+        end = await second.wait_for("session.end", timeout=5)
+        assert end["reason"] == "caller_hangup"
