@@ -194,3 +194,27 @@ class QueueLevel:
             self._last_at = now
             return queued_ms
         return None
+
+
+class TakeBackOutcome(enum.Enum):
+    TAKEN = "taken"  # session.update with reconnect: true came first, in time
+    REFUSED = "refused"  # anything else came first, or a close: reconnecting ends
+    NO_ANSWER = "no_answer"  # nothing in 2 s: the attempt failed
+
+
+class TakeBack:
+    """The 2 s in which an app takes a redialled session back (docs/protocol-session-v1.md,
+    "Reconnecting"), from the moment ``session.start`` with ``reconnect`` went out."""
+
+    def __init__(self, offered_at: float, window_s: float = TAKE_BACK_S) -> None:
+        self.deadline = offered_at + window_s
+
+    def on_answer(self, now: float, takes_back: bool) -> TakeBackOutcome:
+        """The app's first frame (``takes_back``: it is the take-back), or its close."""
+        if now > self.deadline:
+            return TakeBackOutcome.NO_ANSWER
+        return TakeBackOutcome.TAKEN if takes_back else TakeBackOutcome.REFUSED
+
+    def on_timer(self, now: float) -> TakeBackOutcome | None:
+        """The shell's timer at :attr:`deadline`: no answer came."""
+        return TakeBackOutcome.NO_ANSWER if now >= self.deadline else None

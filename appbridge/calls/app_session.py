@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK
 from appbridge.apps.link import AppLink, AppUnreachable, dial
-from appbridge.apps.timers import TAKE_BACK_S, ReconnectSeries
+from appbridge.apps.timers import ReconnectSeries, TakeBack, TakeBackOutcome
 from appbridge.calls.state import CallState
 from appbridge.config import AppConfig, Config
 from appbridge.media.codecs import PCMU_8K, AudioFormat
@@ -247,21 +247,24 @@ async def _redial(call: Call, series: ReconnectSeries, lost_at: float) -> None:
 async def _offer(call: Call, link: AppLink, attempt: int, lost_at: float) -> bool | None:
     """Send ``session.start`` with ``reconnect`` and wait 2 s for the take-back. True: taken
     back; False: the app answered otherwise or closed; None: no answer in time."""
-    down_ms = int((call.gw.clock.now() - lost_at) * 1000)
-    link.send_control(
-        with_reconnect(call.start_frame, sv1.Reconnect(attempt=attempt, down_ms=down_ms))
-    )
+    clock = call.gw.clock
+    down_ms = int((clock.now() - lost_at) * 1000)
+    info = sv1.Reconnect(attempt=attempt, down_ms=down_ms)
+    link.send_control(with_reconnect(call.start_frame, info))
+    rule = TakeBack(clock.now())
     waiter = _TakeBack(asyncio.get_running_loop().create_future())
     link.attach(waiter)
     try:
-        answer = await asyncio.wait_for(asyncio.shield(waiter.future), TAKE_BACK_S)
+        wait_s = max(0.0, rule.deadline - clock.now())
+        answer = await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
     except TimeoutError:
         return None
-    if not _takes_back(answer):
-        return False
+    outcome = rule.on_answer(clock.now(), _takes_back(answer))
+    if outcome is not TakeBackOutcome.TAKEN:
+        return None if outcome is TakeBackOutcome.NO_ANSWER else False
     call.between_links = False
     call.link = link
-    call.link_up_at = call.gw.clock.now()
+    call.link_up_at = clock.now()
     lost, call.events_lost = call.events_lost, 0
     link.send_control(sv1.encode_event(sv1.EventsLost(count=lost)))
     log.info("call %s: the app took the session back (%d event(s) lost)", call.call_ref, lost)

@@ -104,6 +104,49 @@ async def test_an_app_that_answers_otherwise_sends_the_call_to_its_fallback() ->
         assert not second.of_type("events.lost")
 
 
+async def test_an_attempt_not_answered_in_2_s_is_followed_by_the_next() -> None:
+    async with gateway_env(with_fallback) as env:
+        _call, first, start = await connect(env)
+        await first.set_reconnect(True)
+        await first.close()
+        silent = await env.app.next_session(timeout=10)
+        assert (await silent.wait_for("session.start", timeout=5))["reconnect"]["attempt"] == 1
+        await silent.wait_closed(timeout=5)  # the gateway gave up on it after 2 s
+        third = await env.app.next_session(timeout=10)
+        again = await third.wait_for("session.start", timeout=5)
+        assert again["reconnect"]["attempt"] == 2 and again["reconnect"]["downMs"] >= 2000
+        assert again["sessionRef"] == start["sessionRef"]
+        await third.set_reconnect(True)
+        await third.wait_for("events.lost", timeout=5)
+
+
+async def test_a_failed_reconnect_follows_the_fallback_to_another_app() -> None:
+    def apps(app: FakeApp) -> list[dict[str, Any]]:
+        return [
+            {
+                "ref": "main",
+                "url": app.url + "?who=main",
+                "signing_secret": SECRET,
+                "fallback": {"app": "overflow"},
+            },
+            {"ref": "overflow", "url": app.url + "?who=overflow", "signing_secret": SECRET},
+        ]
+
+    async with gateway_env(apps) as env:
+        _call, first, start = await connect(env)
+        await first.set_reconnect(True)
+        await first.close()
+        second = await env.app.next_session(timeout=10)
+        await second.wait_for("session.start", timeout=5)
+        await second.close()  # a close ends reconnecting: the fallback applies
+        overflow = await env.app.next_session(timeout=10)
+        fresh = await overflow.wait_for("session.start", timeout=5)
+        assert overflow.path.endswith("who=overflow") and fresh["appRef"] == "overflow"
+        assert fresh["sessionRef"] != start["sessionRef"] and "reconnect" not in fresh
+        await overflow.send({"type": "speak", "id": "o", "text": "Overflow here."})
+        await overflow.wait_for(lambda m: m["type"] == "output.done" and m["id"] == "o", 15)
+
+
 async def test_reconnect_false_and_the_last_word_turn_reconnecting_off() -> None:
     async with gateway_env(with_fallback) as env:
         call, first, _ = await connect(env)

@@ -2,8 +2,8 @@
 
 docs/protocol-session-v1.md, "Reconnecting": a backoff doubling from 100 ms up to 2 s, each wait
 scaled by a random factor between 0.5 and 1, at most 5 attempts, none started later than 15 s
-after the loss, and a link that lived 5 s starting a fresh series. The random source is
-injected, so every instant is exact.
+after the loss, a link that lived 5 s starting a fresh series, and the 2 s take-back. The
+random source is injected, so every instant is exact.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from appbridge.apps.timers import (
     RECONNECT_WINDOW_S,
     TAKE_BACK_S,
     ReconnectSeries,
+    TakeBack,
+    TakeBackOutcome,
 )
 
 
@@ -98,3 +100,25 @@ def test_a_link_that_lived_5_s_starts_a_fresh_series() -> None:
     assert not series.lost(8.0, lived_s=LIVED_RESET_S)
     fresh = ReconnectSeries(8.0, fixed(0.999999))
     assert fresh.next_attempt(8.0) == pytest.approx(8.1) and fresh.deadline == 23.0
+
+
+# --- the 2 s take-back (apps/timers.TakeBack) ------------------------------------------------
+
+
+def test_a_take_back_within_2_s_is_taken() -> None:
+    rule = TakeBack(offered_at=5.0)
+    assert rule.deadline == 5.0 + TAKE_BACK_S == 7.0
+    assert rule.on_answer(6.99, takes_back=True) is TakeBackOutcome.TAKEN
+    assert rule.on_answer(7.0, takes_back=True) is TakeBackOutcome.TAKEN
+
+
+def test_anything_else_first_or_a_close_refuses() -> None:
+    rule = TakeBack(offered_at=0.0)
+    assert rule.on_answer(0.2, takes_back=False) is TakeBackOutcome.REFUSED
+
+
+def test_no_answer_in_2_s_fails_the_attempt() -> None:
+    rule = TakeBack(offered_at=0.0)
+    assert rule.on_timer(1.999) is None
+    assert rule.on_timer(2.0) is TakeBackOutcome.NO_ANSWER
+    assert rule.on_answer(2.01, takes_back=True) is TakeBackOutcome.NO_ANSWER  # too late
