@@ -58,6 +58,14 @@ async def heard_grows(call: FakeTwilioCall, by_bytes: int, timeout: float = 10.0
     await call.wait_until(lambda: len(call.heard_ulaw()) >= before + by_bytes, timeout=timeout)
 
 
+async def eventually(condition: Any, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 # --- the plain FakeApp path ------------------------------------------------------------------
 
 
@@ -177,6 +185,23 @@ async def test_an_api_hangup_between_links_ends_the_call_at_once() -> None:
             r = await client.delete(f"/v1/calls/{call.call_sid}", headers=auth)
             assert r.status_code == 200
         await call.wait_closed(timeout=5)
+        env.app.refuse = False
+        with pytest.raises(TimeoutError):
+            await env.app.next_session(timeout=1)
+
+
+async def test_the_caller_hanging_up_between_links_ends_the_call_at_once() -> None:
+    async with gateway_env(with_fallback) as env:
+        call, first, _ = await connect(env)
+        gw_call = env.gw.registry.get(call.call_sid)
+        assert gw_call is not None
+        await first.set_reconnect(True)
+        env.app.refuse = True
+        await first.close()
+        await eventually(lambda: gw_call.between_links)
+        await call.hangup()
+        await asyncio.wait_for(gw_call.ended.wait(), 5)
+        assert gw_call.end_reason == "caller_hangup"
         env.app.refuse = False
         with pytest.raises(TimeoutError):
             await env.app.next_session(timeout=1)
