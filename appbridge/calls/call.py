@@ -19,6 +19,11 @@ From then on three things drive it, all on the event loop and none of them waiti
 A handoff replaces the app session (and its listeners) while the call and the carrier leg stay
 up: a new ``sessionRef``, a new ``session.start`` carrying the payload.
 
+An app that asked to reconnect (docs/protocol-session-v1.md, "Reconnecting") keeps its call when
+its link is lost: the call is *between links* (``between_links``) while ``calls/app_session.py``
+redials; the output queue plays on, events for the app are only counted, caller audio reaches
+the ears and listeners only. Nothing of this touches the per-frame path of a linked call.
+
 A transfer (``calls/transfer.py``) may bring a second leg: during a warm transfer the new party
 takes the caller's place toward the app (its audio in, the app's output out) while the caller
 hears the transfer's music; a completed warm transfer, or a cold one the carrier cannot do
@@ -42,11 +47,14 @@ from typing import TYPE_CHECKING, Any
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
 from appbridge.apps.link import AppLink
 from appbridge.apps.listeners import ListenerSet
+from appbridge.apps.timers import ReconnectSeries
 from appbridge.calls.adapters import CoreAdapter
 from appbridge.calls.app_session import (
     DialResult,
     connect,
     dial_with_fallbacks,
+    lose_link,
+    may_reconnect,
     session_format_for,
     session_start,
 )
@@ -116,6 +124,11 @@ class Call:
         self.session_format = session_format_for(app)
         self.encoder: Encoder = encoder_for(app.protocol, app.workspace_ref)
         self._session_started_at = 0.0
+        self.start_frame = b""  # the encoded session.start, sent again on each reconnect
+        self.between_links = False  # the app's link is lost and being redialled
+        self.events_lost = 0  # events for the app while between links (events.lost)
+        self.link_up_at = 0.0  # when the current link was taken (the 5 s rule)
+        self.reconnect_series: ReconnectSeries | None = None
         sip = self.config.sip
         self.core = CallCore(
             call_ref,
@@ -277,6 +290,9 @@ class Call:
             handoff=handoff,
         )
         encoded = sv1.encode_event(start)
+        self.start_frame = encoded
+        self.link_up_at = self._session_started_at
+        self.reconnect_series = None
         for message in self.encoder.start(start, encoded):
             self.link.send_control(message)
         self.link.attach(self)
@@ -302,6 +318,8 @@ class Call:
             data = self.encoder.event(event, encoded)
             if data is not None:
                 self.link.send_control(data)
+        elif self.between_links:
+            self.events_lost += 1  # never delivered late (docs/protocol-session-v1.md)
         if self.listeners is not None:
             self.listeners.send_event(event, encoded)
 
@@ -335,7 +353,11 @@ class Call:
             log.exception("call %s: app audio failed", self.call_ref)
 
     def on_app_gone(self, reason: str) -> None:
-        # Closing the socket hangs up the call (docs/protocol-session-v1.md, `session.end`).
+        # Closing the socket hangs up the call (docs/protocol-session-v1.md, `session.end`),
+        # unless the app asked to reconnect ("Reconnecting").
+        if self.core.reconnect and may_reconnect(self):
+            lose_link(self, reason)
+            return
         end_reason: sv1.EndReason = (
             "app_hangup" if reason == "closed" else "timeout" if reason == "timeout" else "error"
         )
@@ -355,6 +377,8 @@ class Call:
         """One frame in the caller leg's format to the app, its ears and its listeners."""
         link = self.link
         if link is None or self.lifecycle.state is not CallState.ACTIVE:
+            if self.between_links and self.lifecycle.state is CallState.ACTIVE:
+                self._deliver_unlinked(payload)
             return
         conv = self._in_conv
         assert conv is not None
@@ -379,6 +403,22 @@ class Call:
             if listeners is not None:
                 listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
 
+    def _deliver_unlinked(self, payload: bytes) -> None:
+        """Between links: the caller's audio reaches the ears and the listeners, not the app."""
+        conv = self._in_conv
+        assert conv is not None
+        frames = conv.convert(payload)
+        ears = self.ears
+        if ears is not None:
+            if self._ears_share_frames:
+                ears.on_frames(frames)
+            else:
+                ears.on_carrier_frame(payload)
+        listeners = self.listeners
+        if listeners is not None:
+            for frame in frames:
+                listeners.send_audio(INBOUND_TRACK, frame, self.elapsed_ms())
+
     def on_carrier_dtmf(self, digit: str) -> None:
         self.commands.run(self.core.on_carrier_dtmf(digit))
 
@@ -397,6 +437,8 @@ class Call:
             self.commands.run(self.core.on_tick(tick))  # events held for a lead, heard by now
         else:
             heard.tick = tick
+        if self.core.queue_level is not None:
+            self.commands.run(self.core.on_queue_level(now))
         transfer = self.transfer
         if transfer is not None:
             transfer.on_tick(now)

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
+from appbridge.apps.timers import QueueLevel
 from appbridge.calls import effects as fx
 from appbridge.calls.control import CallControl
 from appbridge.calls.services import CoreServices
@@ -42,6 +43,7 @@ from appbridge.media.output_queue import (
 )
 from appbridge.media.pacing import HeardLine
 from appbridge.protocol import session_v1 as sv1
+from appbridge.protocol.session_v1_ext import OUTPUT_QUEUE
 from appbridge.protocol.twilio_streams import (
     TwilioBadMessage,
     TwilioClear,
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 MAX_AUDIO_FRAME_BYTES: Final = 1024 * 1024
 QUEUE_FULL: Final = "more than 120 s of output is queued"
+#: The app's last word: each turns reconnecting off for the rest of the session
+#: (docs/protocol-session-v1.md, "Reconnecting").
+_LAST_WORDS: Final = frozenset({"hangup", "transfer", "handoff"})
 _E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
 
 
@@ -91,6 +96,10 @@ class CallCore:
         self.listen_language: str | None = None
         self.listen_hints: list[str] = []
         self.patience = "normal"
+        # docs/protocol-session-v1.md, "Reconnecting" and "Queue level": both off until asked.
+        self.reconnect = False
+        self.reconnect_barred = False
+        self.queue_level: QueueLevel | None = None
         self._out: list[fx.Effect] = []
 
     def _take(self) -> list[fx.Effect]:
@@ -132,6 +141,8 @@ class CallCore:
         self.listen_language = None
         self.listen_hints = []
         self.patience = "normal"
+        self.reconnect = self.reconnect_barred = False
+        self.queue_level = None
 
     def shutdown(self) -> list[fx.Effect]:
         """The end, or a handoff: held events go nowhere and every utterance stops."""
@@ -195,10 +206,16 @@ class CallCore:
         self._raw_full_reported = False
         return []
 
-    def on_command(self, cmd: sv1.Command) -> list[fx.Effect]:
+    def on_command(self, cmd: sv1.AnyCommand) -> list[fx.Effect]:
         """One decoded command: refused while a rule forbids it (``CallControl.gate``), else
-        carried out by its handler."""
+        carried out by its handler. ``session.update`` is allowed at any time, on hold too."""
+        if type(cmd) is sv1.SessionUpdate:
+            self._session_update(cmd)
+            return []
         kind = str(cmd.__struct_config__.tag)
+        if kind in _LAST_WORDS:
+            self.reconnect = False
+            self.reconnect_barred = True
         refused = self.control.gate(kind)
         if refused is not None:
             return [fx.SendError(refused[0], refused[1], cmd.id or kind)]
@@ -485,9 +502,36 @@ class CallCore:
             return
         self._out.append(fx.CompleteTransfer(cmd.id))
 
+    # -- reconnecting and the queue level ---------------------------------------------------------
+    def _session_update(self, cmd: sv1.SessionUpdate) -> None:
+        """docs/protocol-session-v1.md, "Reconnecting": on or off, unless the app's last word
+        (``hangup``, ``transfer``, ``handoff``) already turned it off for this session."""
+        if not self.reconnect_barred:
+            self.reconnect = cmd.reconnect
+
+    def queued_ms(self) -> int:
+        """Audio waiting to be heard: the queue's synthesised audio and what the carrier leg
+        holds of it (docs/protocol-session-v1.md, "Queue level")."""
+        queue = self.queue
+        if queue is None:
+            return 0
+        return queue.queued_ms + self._services.unplayed_frames() * queue.frame_ms
+
+    def on_queue_level(self, now: float) -> list[fx.Effect]:
+        """A tick while ``output.queue`` is subscribed: a report when its rules say so."""
+        level = self.queue_level
+        if level is None:
+            return []
+        queued = level.observe(now, self.queued_ms())
+        if queued is None:
+            return []
+        return [fx.SendEvent(sv1.OutputQueueLevel(queued_ms=queued))]
+
     # -- listening ------------------------------------------------------------------------------
     def _subscribe(self, cmd: sv1.Subscribe) -> None:
         self.subscriptions.update(cmd.events)
+        if OUTPUT_QUEUE in cmd.events and self.queue_level is None:
+            self.queue_level = QueueLevel()
 
     def _listen_update(self, cmd: sv1.ListenUpdate) -> None:
         if cmd.language is not None:

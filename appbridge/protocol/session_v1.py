@@ -30,6 +30,16 @@ from msgspec import Meta, Struct, field
 
 from appbridge.protocol.json_bounds import TOO_DEEP, top_level_strings
 from appbridge.protocol.limits import utf8_size_over
+from appbridge.protocol.session_v1_ext import (
+    EXT_COMMAND_TYPES,
+    EXT_EVENT_TYPES,
+    EventsLost,
+    ExtCommand,
+    ExtEvent,
+    OutputQueueLevel,
+    Reconnect,
+    SessionUpdate,
+)
 from appbridge.protocol.session_v1_terms import (
     DTMF_PAUSE_MS,
     END_REASONS,
@@ -54,6 +64,8 @@ from appbridge.protocol.session_v1_terms import (
 )
 
 __all__ = [
+    "ANY_COMMAND_TYPES",
+    "ANY_EVENT_TYPES",
     "COMMAND_TYPES",
     "DTMF_PAUSE_MS",
     "END_REASONS",
@@ -66,6 +78,8 @@ __all__ = [
     "MAX_TEXT_FRAME_BYTES",
     "OPT_IN_EVENTS",
     "PROTOCOL",
+    "AnyCommand",
+    "AnyEvent",
     "AudioFormat",
     "BadMessage",
     "Clear",
@@ -78,6 +92,7 @@ __all__ = [
     "ErrorCode",
     "ErrorEvent",
     "Event",
+    "EventsLost",
     "Handoff",
     "Hangup",
     "Hold",
@@ -87,12 +102,15 @@ __all__ = [
     "MarkEvent",
     "OutputDone",
     "OutputInterrupted",
+    "OutputQueueLevel",
     "OutputStarted",
     "Play",
     "RateHz",
+    "Reconnect",
     "Resume",
     "SessionEnd",
     "SessionStart",
+    "SessionUpdate",
     "Speak",
     "SpeechDefaults",
     "Subscribe",
@@ -409,6 +427,14 @@ EVENT_TYPES: Final[dict[str, type[Struct]]] = {
 }
 
 
+#: The extensions (``protocol/session_v1_ext.py``) decode in the same pass as the core messages;
+#: :data:`COMMAND_TYPES` and :data:`EVENT_TYPES` stay the core protocol's.
+AnyCommand: TypeAlias = Command | ExtCommand
+AnyEvent: TypeAlias = Event | ExtEvent
+ANY_COMMAND_TYPES: Final[dict[str, type[Struct]]] = {**COMMAND_TYPES, **EXT_COMMAND_TYPES}
+ANY_EVENT_TYPES: Final[dict[str, type[Struct]]] = {**EVENT_TYPES, **EXT_EVENT_TYPES}
+
+
 # --------------------------------------------------------------------------------------------
 # Decode results that are not messages
 
@@ -434,8 +460,8 @@ class BadMessage(Struct, frozen=True):
 # --------------------------------------------------------------------------------------------
 # Codec
 
-_command_decoder: Final = msgspec.json.Decoder(Command)
-_event_decoder: Final = msgspec.json.Decoder(Event)
+_command_decoder: Final = msgspec.json.Decoder(AnyCommand)
+_event_decoder: Final = msgspec.json.Decoder(AnyEvent)
 _any_decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()
 
@@ -476,7 +502,7 @@ def _oversized_relates_to(frame: bytes | str) -> str:
         return _UNKNOWN
     if isinstance(env.id, str) and len(env.id) <= MAX_ID_CHARS:
         return env.id
-    return env.type if isinstance(env.type, str) and env.type in COMMAND_TYPES else _UNKNOWN
+    return env.type if isinstance(env.type, str) and env.type in ANY_COMMAND_TYPES else _UNKNOWN
 
 
 def _classify_failure(
@@ -518,7 +544,7 @@ def _too_deep(frame: bytes | str, known: dict[str, type[Struct]]) -> Ignored | B
     return BadMessage(f"{msg_type}: {TOO_DEEP}", _relates_to(fields, msg_type))
 
 
-def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
+def decode_command(frame: bytes | str) -> AnyCommand | Ignored | BadMessage:
     """Decodes one text frame from an app; never raises.
 
     Known types are decoded and validated in one pass by a tagged-union decoder; the frame is
@@ -531,7 +557,7 @@ def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
     try:
         command = _command_decoder.decode(frame)
     except (msgspec.MsgspecError, RecursionError) as exc:
-        return _classify_failure(frame, exc, COMMAND_TYPES)
+        return _classify_failure(frame, exc, ANY_COMMAND_TYPES)
     if type(command) is Handoff and command.payload is not None:
         size_bytes = len(_encoder.encode(command.payload))
         if size_bytes > MAX_HANDOFF_PAYLOAD_BYTES:
@@ -542,7 +568,7 @@ def decode_command(frame: bytes | str) -> Command | Ignored | BadMessage:
     return command
 
 
-def decode_event(frame: bytes | str) -> Event | Ignored | BadMessage:
+def decode_event(frame: bytes | str) -> AnyEvent | Ignored | BadMessage:
     """Decodes one text frame from the gateway, for SDKs, test apps and listeners.
 
     Follows :func:`decode_command`'s rules, without its size limit (the app's side decides).
@@ -550,15 +576,15 @@ def decode_event(frame: bytes | str) -> Event | Ignored | BadMessage:
     try:
         return _event_decoder.decode(frame)
     except (msgspec.MsgspecError, RecursionError) as exc:
-        return _classify_failure(frame, exc, EVENT_TYPES)
+        return _classify_failure(frame, exc, ANY_EVENT_TYPES)
 
 
-def encode_event(event: Event) -> bytes:
+def encode_event(event: AnyEvent) -> bytes:
     """Encodes one event as a compact JSON text frame."""
     return _encoder.encode(event)
 
 
-def encode_command(command: Command) -> bytes:
+def encode_command(command: AnyCommand) -> bytes:
     """Encodes one command as a compact JSON text frame (for SDKs and test apps)."""
     return _encoder.encode(command)
 

@@ -39,12 +39,15 @@ from appbridge.sdk.events import (
     DtmfEvent,
     ErrorEvent,
     Event,
+    EventsLost,
     GatherResult,
     MarkEvent,
     OutputDone,
     OutputInterrupted,
+    OutputQueueLevel,
     OutputResult,
     OutputStarted,
+    Resumed,
     SessionEnd,
     SessionStart,
     TranscriptPartial,
@@ -56,7 +59,7 @@ from appbridge.sdk.events import (
     TurnUserStarted,
 )
 from appbridge.sdk.handles import Output, Pending, TransferHandle
-from appbridge.sdk.server import AppServer, Handler
+from appbridge.sdk.server import AppServer, Handler, ResumeHook
 from appbridge.sdk.session import Session
 from appbridge.sdk.verification import Verifier
 
@@ -68,6 +71,7 @@ __all__ = [
     "DtmfEvent",
     "ErrorEvent",
     "Event",
+    "EventsLost",
     "FeatureNotSupported",
     "GatherResult",
     "Handler",
@@ -78,6 +82,7 @@ __all__ = [
     "Output",
     "OutputDone",
     "OutputInterrupted",
+    "OutputQueueLevel",
     "OutputResult",
     "OutputStarted",
     "Pending",
@@ -86,6 +91,8 @@ __all__ = [
     "ProviderUnavailable",
     "QueueFull",
     "ReadOnly",
+    "ResumeHook",
+    "Resumed",
     "SdkError",
     "Session",
     "SessionClosed",

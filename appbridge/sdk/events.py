@@ -23,9 +23,11 @@ from typing import Literal, TypeAlias
 from appbridge.protocol.session_v1 import (
     DtmfEvent,
     ErrorEvent,
+    EventsLost,
     MarkEvent,
     OutputDone,
     OutputInterrupted,
+    OutputQueueLevel,
     OutputStarted,
     SessionEnd,
     SessionStart,
@@ -43,12 +45,15 @@ __all__ = [
     "DtmfEvent",
     "ErrorEvent",
     "Event",
+    "EventsLost",
     "GatherResult",
     "MarkEvent",
     "OutputDone",
     "OutputInterrupted",
+    "OutputQueueLevel",
     "OutputResult",
     "OutputStarted",
+    "Resumed",
     "SessionEnd",
     "SessionStart",
     "TranscriptPartial",
@@ -70,6 +75,19 @@ class AudioFrame:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """SDK-made: the session moved onto a new link after its old one was lost
+    (docs/protocol-session-v1.md, "Reconnecting"; docs/sdk.md, "Reconnecting"). ``attempt`` and
+    ``down_ms`` are the gateway's ``reconnect`` field; ``restored`` is True when this process did
+    not know the session (it restarted) and the resume hook took it back. The gateway's
+    ``events.lost`` follows."""
+
+    attempt: int
+    down_ms: int
+    restored: bool = False
+
+
 Event: TypeAlias = (
     SessionEnd
     | OutputStarted
@@ -85,6 +103,9 @@ Event: TypeAlias = (
     | TurnBackchannel
     | TurnEstimate
     | TranscriptPartial
+    | EventsLost
+    | OutputQueueLevel
+    | Resumed
     | AudioFrame
 )
 """Everything the session iterator yields (``session.start`` is ``session.start`` instead)."""

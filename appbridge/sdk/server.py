@@ -13,6 +13,9 @@ developer's handler with one :class:`~appbridge.sdk.Session` per call. It runs
 When the handler returns, or raises, the call is hung up if it is still live (closing the socket
 from the app's side hangs the call up; docs/protocol-session-v1.md, ``session.end``), so a handler
 is the call's whole life. One handler failing is logged and ends only its own call.
+
+With ``reconnect=True`` a session survives a lost socket for the gateway's redial
+(``sdk/resume.py``; docs/sdk.md, "Reconnecting").
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from appbridge.protocol import session_v1 as sv1
+from appbridge.protocol.session_v1_ext import reconnect_of
 from appbridge.protocol.signing import FONOSTER_TOLERANCE_S
 from appbridge.sdk.errors import SessionClosed
 from appbridge.sdk.inbound import decode_frame
+from appbridge.sdk.resume import RESUME_WINDOW_S, ResumeHook, Resumer
 from appbridge.sdk.session import Session
 from appbridge.sdk.verification import Verifier, request_url
 from appbridge.sdk.wire import AsgiWire, WebsocketsWire, Wire
 
-__all__ = ["AppServer", "Handler"]
+__all__ = ["AppServer", "Handler", "ResumeHook"]
 
 log = logging.getLogger("appbridge.sdk")
 
@@ -65,6 +70,9 @@ class AppServer:
     ``public_url``: the app's URL exactly as configured at the gateway, which the signature
     covers; by default it is rebuilt from the request (see :mod:`appbridge.sdk.verification`).
     ``path``: standalone mode answers 404 elsewhere (``None``: any path).
+    ``reconnect``: keep each session across a lost socket while the gateway redials
+    (docs/sdk.md, "Reconnecting"); ``on_resume``: asked whether a redialled session this process
+    does not know (it restarted) can be restored from the app's own store.
     """
 
     def __init__(
@@ -78,6 +86,9 @@ class AppServer:
         start_timeout_s: float = START_TIMEOUT_S,
         tolerance_s: int = FONOSTER_TOLERANCE_S,
         wall_clock: Callable[[], float] = time.time,
+        reconnect: bool = False,
+        on_resume: ResumeHook | None = None,
+        resume_window_s: float = RESUME_WINDOW_S,
     ) -> None:
         self.handler = handler
         self.verifier = Verifier(
@@ -86,6 +97,8 @@ class AppServer:
         self.path = path
         self.auto_barge_in = auto_barge_in
         self.start_timeout_s = start_timeout_s
+        self.reconnect = reconnect
+        self.resumer = Resumer(on_resume, resume_window_s)
         self.sessions: set[Session] = set()
         """The sessions whose handler is running."""
         self.refused = 0
@@ -219,8 +232,34 @@ class AppServer:
             log.warning("the first message was not a valid session.start; closing")
             await wire.close(CLOSE_POLICY, "expected session.start")
             return
-        session = Session(start, wire, auto_barge_in=self.auto_barge_in)
+        info = reconnect_of(first)
+        if info is not None:
+            await self._take_back(start, info, wire)
+            return
+        session = Session(start, wire, auto_barge_in=self.auto_barge_in, reconnect=self.reconnect)
+        if self.reconnect:
+            self.resumer.track(session)
         session._run_io()
+        await self._run_handler(session, start, wire)
+
+    async def _take_back(self, start: sv1.SessionStart, info: sv1.Reconnect, wire: Wire) -> None:
+        """A ``session.start`` with ``reconnect``: resume the parked session it names, or one
+        the resume hook restores; else refuse it by closing, so the gateway falls back."""
+        session = self.resumer.take(start.session_ref) if self.reconnect else None
+        if session is not None:
+            session._resume(wire, info)
+            await session.wire_done.wait()  # the handler runs on in its first connection
+            return
+        if self.reconnect and await self.resumer.restores(start):
+            session = Session(start, wire, auto_barge_in=self.auto_barge_in, reconnect=True)
+            self.resumer.track(session)
+            session._resume(wire, info, restored=True)
+            await self._run_handler(session, start, wire)
+            return
+        log.info("session %s: not known here; refusing to take it back", start.session_ref)
+        await wire.close(CLOSE_POLICY, "unknown session")
+
+    async def _run_handler(self, session: Session, start: sv1.SessionStart, wire: Wire) -> None:
         self.sessions.add(session)
         try:
             await self.handler(session)
@@ -237,7 +276,10 @@ class AppServer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(HANGUP_WAIT_S):
                     await session.hangup()
+        self.resumer.forget(session)
         await session._shutdown()
+        if session._wire is not wire:
+            await session._wire.close()  # the socket it was resumed on
         await wire.close()
 
 

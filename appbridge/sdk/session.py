@@ -22,6 +22,12 @@ turns it off.
 When the session ends (``session.end``, or the socket closing) every pending handle and gather
 raises :class:`~appbridge.sdk.errors.SessionClosed`, and iteration stops once the events already
 received were yielded: nothing hangs on a call that is gone.
+
+A session with ``reconnect`` (docs/protocol-session-v1.md, "Reconnecting"; docs/sdk.md) is
+*parked* instead when its socket is lost: its data and queued events stay, pending handles raise
+``SessionClosed`` (their answers went with the socket) and so do new commands, while the server
+waits for the gateway to redial (``sdk/resume.py``). :meth:`_resume` moves it onto the new
+socket; iteration then yields :class:`~appbridge.sdk.events.Resumed`, then ``events.lost``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from appbridge.sdk.gather import GatherState
 from appbridge.sdk.handles import Output, Pending, TransferHandle
 from appbridge.sdk.inbound import decode_frame
 from appbridge.sdk.info import SessionInfo
+from appbridge.sdk.resume import Parking
+from appbridge.sdk.streaming import pump_text
 from appbridge.sdk.wire import Wire
 
 __all__ = ["Session"]
@@ -66,7 +74,7 @@ class _Gather:
         self.owns_prompt = False
 
 
-class Session(SessionInfo):
+class Session(SessionInfo, Parking):
     """One call's session. The server hands it to the handler after ``session.start``.
 
     Start data (:class:`~appbridge.sdk.info.SessionInfo`): :attr:`start` is the whole
@@ -82,8 +90,10 @@ class Session(SessionInfo):
         *,
         auto_barge_in: bool = True,
         max_queued_audio_frames: int = MAX_QUEUED_AUDIO_FRAMES,
+        reconnect: bool = False,
     ) -> None:
         super().__init__(start)
+        Parking.__init__(self, reconnect)
         self.auto_barge_in = auto_barge_in
         """Send ``clear`` when the caller starts talking over an interruptible item."""
         self.end: sv1.SessionEnd | None = None
@@ -160,7 +170,7 @@ class Session(SessionInfo):
             "interruptible": interruptible,
             "preempt": preempt,
         }
-        self._spawn(self._pump(out, pieces, fields), f"say-stream-{out.id}")
+        self._spawn(pump_text(self, out, pieces, fields), f"say-stream-{out.id}")
         return out
 
     def play(
@@ -292,6 +302,7 @@ class Session(SessionInfo):
         """Transfers the caller to ``to`` (E.164 or a trunk's ``sip:`` URI). Await it: it
         resolves with the ``session.end`` (reason ``transfer``) or raises ``TransferFailed``."""
         self._check_open()
+        self.reconnect = False  # the app's last word (docs/protocol-session-v1.md)
         handle = TransferHandle(self._new_id("transfer"), mode=mode, complete=self._complete)
         self._pending[handle.id] = handle
         self._send(sv1.Transfer(to=to, mode=mode, headers=headers, music=music, id=handle.id))
@@ -300,17 +311,21 @@ class Session(SessionInfo):
     def handoff(self, app: str, payload: Any = None) -> Pending[sv1.SessionEnd]:
         """Hands the call to the app ``app`` (its ``session.start`` carries ``payload``)."""
         handle: Pending[sv1.SessionEnd] = self._new_pending("handoff")
+        self.reconnect = False  # the app's last word (docs/protocol-session-v1.md)
         self._send(sv1.Handoff(app=app, payload=payload, id=handle.id))
         return handle
 
     def hangup(self) -> Pending[str]:
         """Ends the call; resolves with the end reason (``app_hangup``, unless the call had
         already ended otherwise). Never raises SessionClosed: a closed session is hung up."""
+        if self.parked:
+            self._on_closed()  # not to be resumed any more: the gateway falls back
         if self._closed:
             done: Pending[str] = Pending(self._new_id("hangup"), "hangup")
             done._resolve(self.end.reason if self.end else "closed")
             return done
         handle: Pending[str] = self._new_pending("hangup")
+        self.reconnect = False  # the app's last word (docs/protocol-session-v1.md)
         self._send(sv1.Hangup(id=handle.id))
         return handle
 
@@ -336,6 +351,8 @@ class Session(SessionInfo):
     def _check_open(self) -> None:
         if self._closed:
             raise SessionEnded(self.end.reason) if self.end else SessionClosed()
+        if self.parked:
+            raise SessionClosed()
 
     def _new_pending(self, kind: str) -> Pending[Any]:
         self._check_open()
@@ -349,7 +366,7 @@ class Session(SessionInfo):
         self._pending[out.id] = out
         return out
 
-    def _send(self, command: sv1.Command, written: Pending[None] | None = None) -> None:
+    def _send(self, command: sv1.AnyCommand, written: Pending[None] | None = None) -> None:
         self._check_open()
         self._outbox.put_nowait((sv1.encode_command(command).decode(), written))
 
@@ -365,70 +382,47 @@ class Session(SessionInfo):
         self._pending.pop(handle.id, None)
         handle._resolve(value)
 
-    async def _pump(
-        self, out: Output, pieces: AsyncIterable[str] | Iterable[str], fields: dict[str, Any]
-    ) -> None:
-        sent = False
-        failure: BaseException | None = None
-        source = pieces if isinstance(pieces, AsyncIterable) else _aiter_sync(pieces)
-        iterator = aiter(source)
-        try:
-            async for piece in iterator:
-                if out.done() or self._closed:
-                    break
-                if piece:
-                    self._send(sv1.Speak(text=piece, id=out.id, last=False, **fields))
-                    sent = True
-        except Exception as exc:  # the app's text source failed: close what was sent
-            failure = exc
-        finally:
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-        if self._closed or out.done():
-            return
-        if sent:
-            self._send(sv1.Speak(text="", id=out.id, last=True, **fields))
-        if failure is not None:
-            self._pending.pop(out.id, None)
-            out._fail(failure)
-        elif not sent:
-            self._settle(out, OutputResult(out.id, "done", 0))
-
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = self._loop.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _run_io(self) -> None:
-        """Starts the reader and writer tasks (the server calls this once)."""
-        self._spawn(self._reader(), f"sdk-reader-{self.session_ref}")
-        self._spawn(self._writer(), f"sdk-writer-{self.session_ref}")
+        """Starts the reader and writer tasks on the current socket (the server calls this once,
+        and :meth:`_resume` again for each new socket)."""
+        if self.reconnect:
+            self._send(sv1.SessionUpdate(reconnect=True))  # first, before any command
+        wire = self._wire
+        self._io = [
+            self._spawn(self._reader(wire), f"sdk-reader-{self.session_ref}"),
+            self._spawn(self._writer(wire), f"sdk-writer-{self.session_ref}"),
+        ]
 
-    async def _writer(self) -> None:
+    async def _writer(self, wire: Wire) -> None:
         try:
             while True:
                 frame, written = await self._outbox.get()
-                await self._wire.send(frame)
+                await wire.send(frame)
                 if written is not None:
                     self._settle(written, None)
         except (ConnectionError, OSError):
             return
         finally:
-            self._on_closed()
+            self._wire_lost(wire)
 
-    async def _reader(self) -> None:
+    async def _reader(self, wire: Wire) -> None:
         """Reads until the socket closes. A bug in handling a frame ends this session (code
         1011) instead of leaving its awaits hanging; it never reaches another call."""
         try:
-            while (frame := await self._wire.recv()) is not None:
+            while (frame := await wire.recv()) is not None:
                 self._on_frame(frame)
         except Exception:
             log.exception("session %s: failed to handle a frame; closing", self.session_ref)
-            await self._wire.close(1011, "internal error")
+            self.reconnect = False
+            await wire.close(1011, "internal error")
         finally:
-            self._on_closed()
+            self._wire_lost(wire)
 
     # ------------------------------------------------------------------ internals: receiving
     def _on_frame(self, frame: str | bytes) -> None:
@@ -592,6 +586,7 @@ class Session(SessionInfo):
                 gather.future.exception()
         self._closed_event.set()
         self._events.wakeup.set()
+        self._unpark()
 
     async def _shutdown(self) -> None:
         """Stops the session's tasks (the server calls this after the handler returned)."""
@@ -601,8 +596,3 @@ class Session(SessionInfo):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _aiter_sync(pieces: Iterable[str]) -> AsyncIterator[str]:
-    for piece in pieces:
-        yield piece

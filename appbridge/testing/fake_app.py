@@ -166,8 +166,21 @@ class FakeSession:
         await self.ws.send(data)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Close the socket; an app closing its socket hangs up the call."""
+        """Close the socket; an app closing its socket hangs up the call (unless it asked to
+        reconnect)."""
         await self.ws.close(code, reason)
+
+    async def set_reconnect(self, on: bool = True) -> None:
+        """``session.update``: ask the gateway to keep the call when this link is lost; on a
+        redialled link (``session.start`` with ``reconnect``) it also takes the session back
+        (docs/protocol-session-v1.md, "Reconnecting")."""
+        await self.send({"type": "session.update", "reconnect": on})
+
+    @property
+    def reconnect(self) -> dict[str, Any] | None:
+        """The ``reconnect`` field of this link's ``session.start``: None on a first link."""
+        starts = self.of_type("session.start")
+        return starts[0].get("reconnect") if starts else None
 
     # ------------------------------------------------------------------ reading
     async def _read_loop(self) -> None:

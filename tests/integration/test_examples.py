@@ -164,6 +164,24 @@ async def test_ivr_transfers_and_survives_a_failed_transfer() -> None:
         assert len(call.heard_ulaw()) / 8000 > 3  # menu, apology, menu, ticket, thanks
 
 
+async def test_reconnect_bot_counts_keys_in_its_store(tmp_path: Path) -> None:
+    """examples/reconnect_bot.py in-process; its restart is tests/integration/test_reconnect.py."""
+    bot = load_example("reconnect_bot")
+    bot.STORE = bot.JsonStore(tmp_path / "state.json")
+    async with serving(bot.reconnect_bot) as ex:
+        call, session, _ = await ex.call()
+        await eventually(lambda: bot.STORE.get(session.session_ref) == {"presses": 0})
+        assert await bot.can_resume(session.start)
+        for digit in "12":
+            await call.send_dtmf(digit)
+        await eventually(lambda: bot.STORE.get(session.session_ref) == {"presses": 2})
+        await call.send_dtmf("#")
+        await call.wait_closed(timeout=20)
+        assert session.end is not None and session.end.reason == "app_hangup"
+        await eventually(lambda: bot.STORE.get(session.session_ref) is None)  # dropped at the end
+        assert not await bot.can_resume(session.start)
+
+
 async def test_llm_bot_streams_one_multi_piece_utterance(monkeypatch: pytest.MonkeyPatch) -> None:
     llm_bot = load_example("llm_bot")
     tokens: list[str] = []
