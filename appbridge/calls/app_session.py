@@ -313,3 +313,20 @@ async def _fall_back_after_loss(call: Call) -> None:
     else:
         assert result.message is not None
         call.commands.run(call.core.fall_back(result.message))
+
+
+def hear_unlinked(call: Call, payload: bytes) -> None:
+    """Between links: the caller's audio reaches the ears and the listeners, not the app."""
+    conv = call.in_conv
+    assert conv is not None
+    frames = conv.convert(payload)
+    ears = call.ears
+    if ears is not None:
+        if call.ears_share_frames:
+            ears.on_frames(frames)
+        else:
+            ears.on_carrier_frame(payload)
+    listeners = call.listeners
+    if listeners is not None:
+        for frame in frames:
+            listeners.send_audio(INBOUND_TRACK, frame, call.elapsed_ms())

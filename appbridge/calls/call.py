@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -53,6 +52,7 @@ from appbridge.calls.app_session import (
     DialResult,
     connect,
     dial_with_fallbacks,
+    hear_unlinked,
     lose_link,
     may_reconnect,
     session_format_for,
@@ -62,6 +62,7 @@ from appbridge.calls.bridge import Bridge
 from appbridge.calls.carrier_leg import CarrierLeg
 from appbridge.calls.commands import CommandShell
 from appbridge.calls.core import CallCore
+from appbridge.calls.description import describe
 from appbridge.calls.ending import end_call
 from appbridge.calls.handoff import hand_off
 from appbridge.calls.listening import Ears
@@ -116,7 +117,7 @@ class Call:
         # The ears listen in pcm16; when that is the session's format too, the frames converted
         # for the app serve them as they are (one conversion per frame, not two). Kept by
         # _sync_ears and use_app, so that no frame compares the two formats.
-        self._ears_share_frames = False
+        self.ears_share_frames = False
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
         self.hold_queue: OutputQueue | None = None  # music while on hold; None otherwise
@@ -144,7 +145,7 @@ class Call:
         self._clock_key: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.ending = False
-        self._in_conv: FrameConverter | None = None
+        self.in_conv: FrameConverter | None = None
         self._out_conv: FrameConverter | None = None  # carrier → session format, for listeners
         self.transfer: TransferFlow | None = None  # the transfer under way, if any
         self.party: CarrierLeg | None = None  # a warm transfer's new party, while consulted
@@ -174,23 +175,9 @@ class Call:
         """An outbound callee answered. False when the call was past answering already."""
         return self.lifecycle.answered()
 
-    # -- description (REST API) -------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        return {
-            "callRef": self.call_ref,
-            "sessionRef": self.session_ref,
-            "app": self.app.ref,
-            "direction": self.direction,
-            "from": self.from_,
-            "to": self.to,
-            "carrier": self.carrier,
-            "started": _iso(self.started_wall),
-            "ended": _iso(self.ended_wall) if self.ended_wall else None,
-            "state": self.state.value,
-            "endReason": self.end_reason,
-            "onHold": self.control.on_hold,
-            "handoffs": self.control.handoffs,
-        }
+        """The call as the REST API shows it (``calls/description.py``)."""
+        return describe(self)
 
     # -- tasks ------------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
@@ -240,7 +227,7 @@ class Call:
         elif not wanted and self.ears is not None:
             ears, self.ears = self.ears, None
             self.spawn(ears.close(), "ears-close")
-        self._ears_share_frames = self.ears is not None and self.ears.format == self.session_format
+        self.ears_share_frames = self.ears is not None and self.ears.format == self.session_format
 
     def use_app(self, app: AppConfig) -> None:
         self.app = app
@@ -254,7 +241,7 @@ class Call:
                 self._build_converters(self.leg.audio_format)
 
     def _build_converters(self, carrier_fmt: AudioFormat) -> None:
-        self._in_conv = FrameConverter(carrier_fmt, self.session_format)
+        self.in_conv = FrameConverter(carrier_fmt, self.session_format)
         self._out_conv = FrameConverter(carrier_fmt, self.session_format)
 
     # -- the carrier's media is here -----------------------------------------------------------
@@ -378,14 +365,14 @@ class Call:
         link = self.link
         if link is None or self.lifecycle.state is not CallState.ACTIVE:
             if self.between_links and self.lifecycle.state is CallState.ACTIVE:
-                self._deliver_unlinked(payload)
+                hear_unlinked(self, payload)
             return
-        conv = self._in_conv
+        conv = self.in_conv
         assert conv is not None
         frames = conv.convert(payload)
         ears = self.ears
         if ears is not None:
-            if self._ears_share_frames:
+            if self.ears_share_frames:
                 ears.on_frames(frames)
             else:
                 ears.on_carrier_frame(payload)
@@ -402,22 +389,6 @@ class Call:
                     link.send_audio(encoder.audio(INBOUND_TRACK, frame, 0))
             if listeners is not None:
                 listeners.send_audio(INBOUND_TRACK, frame, elapsed or self.elapsed_ms())
-
-    def _deliver_unlinked(self, payload: bytes) -> None:
-        """Between links: the caller's audio reaches the ears and the listeners, not the app."""
-        conv = self._in_conv
-        assert conv is not None
-        frames = conv.convert(payload)
-        ears = self.ears
-        if ears is not None:
-            if self._ears_share_frames:
-                ears.on_frames(frames)
-            else:
-                ears.on_carrier_frame(payload)
-        listeners = self.listeners
-        if listeners is not None:
-            for frame in frames:
-                listeners.send_audio(INBOUND_TRACK, frame, self.elapsed_ms())
 
     def on_carrier_dtmf(self, digit: str) -> None:
         self.commands.run(self.core.on_carrier_dtmf(digit))
@@ -626,10 +597,4 @@ class Call:
         self.transfer = None
         self.bridge = None
         self.queue = self.hold_queue = None
-        self._in_conv = self._out_conv = self.party_in = self.party_out = None
-
-
-def _iso(wall: float | None) -> str | None:
-    if wall is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+        self.in_conv = self._out_conv = self.party_in = self.party_out = None

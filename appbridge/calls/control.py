@@ -8,11 +8,16 @@ through this class only, so every rule is a plain unit test.
 - Hold: "every command except ``resume``, ``hangup``, ``transfer`` and ``handoff`` gets
   ``error on_hold``"; app audio frames are dropped while on hold (the caller hears the music).
 - Handoff: at most ``MAX_HANDOFFS`` per call; one at a time.
+- Transfer targets: an E.164 number or a trunk's ``sip:`` host (:func:`transfer_target_ok`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from typing import Final
+
+_E164: Final = re.compile(r"^\+[1-9][0-9]{1,14}$")
 
 MAX_HANDOFFS: Final = 5
 ALLOWED_ON_HOLD: Final = frozenset({"resume", "hangup", "transfer", "handoff"})
@@ -59,3 +64,15 @@ class CallControl:
         self.handoff_pending = False
         if not succeeded:
             self.handoffs -= 1
+
+
+def transfer_target_ok(target: str, trunk_hosts: Collection[str]) -> bool:
+    """docs/protocol-session-v1.md, "Call control": a transfer's ``to`` is an E.164 number, or a
+    ``sip:`` URI whose host is a configured trunk's (no calls to arbitrary hosts)."""
+    if _E164.match(target):
+        return True
+    if target.startswith("sip:"):
+        host = target[4:].split("@", 1)[-1].split(";", 1)[0].split("?", 1)[0]
+        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return host in trunk_hosts
+    return False

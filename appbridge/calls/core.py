@@ -19,25 +19,21 @@ order of the commands (docs/protocol-session-v1.md, "Output: speech, files, audi
 from __future__ import annotations
 
 import logging
-import re
-import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 from appbridge.apps.timers import QueueLevel
 from appbridge.calls import effects as fx
-from appbridge.calls.control import CallControl
+from appbridge.calls.control import CallControl, transfer_target_ok
+from appbridge.calls.output_events import new_item_id, to_app
 from appbridge.calls.services import CoreServices
 from appbridge.calls.state import CallState, Lifecycle
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.media.dtmf import dtmf_pcm16
 from appbridge.media.output_queue import (
-    MarkReached,
-    OutputDone,
     OutputEvent,
     OutputInterrupted,
     OutputQueue,
-    OutputStarted,
     QueueFull,
     WordTiming,
 )
@@ -60,7 +56,6 @@ QUEUE_FULL: Final = "more than 120 s of output is queued"
 #: The app's last word: each turns reconnecting off for the rest of the session
 #: (docs/protocol-session-v1.md, "Reconnecting").
 _LAST_WORDS: Final = frozenset({"hangup", "transfer", "handoff"})
-_E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
 
 
 class CallCore:
@@ -232,7 +227,7 @@ class CallCore:
             if cmd.last:
                 self._cleared_streams.discard(cmd.id)
             return
-        item_id = cmd.id if cmd.id is not None else _new_id()
+        item_id = cmd.id if cmd.id is not None else new_item_id()
         relates_to = cmd.id if cmd.id is not None else "speak"
         utt = self._utterances.get(item_id)
         if utt is None:
@@ -277,7 +272,7 @@ class CallCore:
         except SpeechError:
             log.exception("call %s: fallback voice unavailable", self.life.call_ref)
             return [fx.EndCall("error")]
-        item_id = _new_id()
+        item_id = new_item_id()
         self._internal_items.add(item_id)
         self.queue.add_item(item_id)
         utt = fx.Utterance(item_id, "speak", provider, voice, language, last_seen=True)
@@ -324,7 +319,7 @@ class CallCore:
         queue = self.queue
         if queue is None:
             return
-        item_id = cmd.id if cmd.id is not None else _new_id()
+        item_id = cmd.id if cmd.id is not None else new_item_id()
         if queue.has_item(item_id):
             self._error("bad_message", f"play: id {item_id!r} is in use", item_id)
             return
@@ -422,7 +417,7 @@ class CallCore:
         assert queue is not None and out_format is not None
         pcm = dtmf_pcm16(digits, 8000)
         audio = Converter(AudioFormat("pcm16", 8000), out_format).convert(pcm)
-        item_id = _new_id()
+        item_id = new_item_id()
         self._internal_items.add(item_id)
         self._emit(queue.add_item(item_id))
         try:
@@ -477,7 +472,7 @@ class CallCore:
             message = "transfer: a warm transfer needs an id (transfer.complete names it)"
             self._error("bad_message", message, "transfer")
             return
-        if not self._transfer_target_ok(cmd.to):
+        if not transfer_target_ok(cmd.to, self._trunk_hosts):
             message = (
                 f"transfer: {cmd.to!r} is neither an E.164 number "
                 "nor a sip: URI of a configured trunk"
@@ -485,15 +480,6 @@ class CallCore:
             self._error("transfer_failed", message, cmd.id or "transfer")
             return
         self._out.append(fx.StartTransfer(cmd))
-
-    def _transfer_target_ok(self, target: str) -> bool:
-        if _E164.match(target):
-            return True
-        if target.startswith("sip:"):
-            host = target[4:].split("@", 1)[-1].split(";", 1)[0].split("?", 1)[0]
-            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-            return host in self._trunk_hosts
-        return False
 
     def _transfer_complete(self, cmd: sv1.TransferComplete) -> None:
         if self.control.transfer_pending is None:
@@ -588,27 +574,8 @@ class CallCore:
             self._send(ready)
 
     def _send(self, events: Sequence[OutputEvent]) -> None:
-        out = self._out
-        for ev in events:
-            if isinstance(ev, MarkReached):
-                name, mark_id = self._marks.pop(ev.name, (ev.name, None))
-                out.append(fx.SendEvent(sv1.MarkEvent(name=name, cleared=ev.cleared, id=mark_id)))
-                continue
-            if ev.item_id in self._internal_items:
-                if isinstance(ev, OutputDone | OutputInterrupted):
-                    self._internal_items.discard(ev.item_id)
-                    if self.life.state is CallState.FALLBACK:
-                        out.append(fx.EndCall("error"))
-                continue
-            if isinstance(ev, OutputStarted):
-                out.append(fx.SendEvent(sv1.OutputStarted(id=ev.item_id)))
-            elif isinstance(ev, OutputDone):
-                out.append(fx.SendEvent(sv1.OutputDone(id=ev.item_id, heard_ms=ev.heard_ms)))
-            elif isinstance(ev, OutputInterrupted):
-                interrupted = sv1.OutputInterrupted(
-                    id=ev.item_id, heard_text=ev.heard_text, heard_ms=ev.heard_ms
-                )
-                out.append(fx.SendEvent(interrupted))
+        fallback = self.life.state is CallState.FALLBACK
+        self._out.extend(to_app(events, self._marks, self._internal_items, fallback=fallback))
 
 
 #: Each command's handler, by its decoded type.
@@ -627,7 +594,3 @@ _HANDLERS: Final[dict[type, Callable[[CallCore, Any], None]]] = {
     sv1.Transfer: CallCore._transfer,
     sv1.TransferComplete: CallCore._transfer_complete,
 }
-
-
-def _new_id() -> str:
-    return f"ab-{uuid.uuid4().hex[:16]}"

@@ -51,6 +51,7 @@ from appbridge.protocol.session_v1_terms import (
     MAX_TEXT_FRAME_BYTES,
     OPT_IN_EVENTS,
     PROTOCOL,
+    BadMessage,
     Codec,
     Direction,
     DtmfDigit,
@@ -58,6 +59,7 @@ from appbridge.protocol.session_v1_terms import (
     EndReason,
     ErrorCode,
     Id,
+    Ignored,
     NonNegativeMs,
     RateHz,
     Unit,
@@ -433,28 +435,6 @@ AnyCommand: TypeAlias = Command | ExtCommand
 AnyEvent: TypeAlias = Event | ExtEvent
 ANY_COMMAND_TYPES: Final[dict[str, type[Struct]]] = {**COMMAND_TYPES, **EXT_COMMAND_TYPES}
 ANY_EVENT_TYPES: Final[dict[str, type[Struct]]] = {**EVENT_TYPES, **EXT_EVENT_TYPES}
-
-
-# --------------------------------------------------------------------------------------------
-# Decode results that are not messages
-
-
-class Ignored(Struct, frozen=True):
-    """A well-formed message of a type this version does not know; the gateway drops it."""
-
-    type: str
-
-
-class BadMessage(Struct, frozen=True):
-    """A frame the gateway answers with ``error`` ``bad_message``.
-
-    ``relates_to`` is the ``relatesTo`` of that error (docs/protocol-session-v1.md, "Errors for
-    bad input"): the command's ``id``
-    when it carried a valid one, else its ``type``, else ``"unknown"``.
-    """
-
-    message: str
-    relates_to: str
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The vocabulary of ``fonoster.session.v1``: its limits, end reasons and error codes
-(docs/protocol-session-v1.md, "Limits", "Errors").
+"""The vocabulary of ``fonoster.session.v1``: its limits, end reasons and error codes, and what
+a frame that is no message decodes to (docs/protocol-session-v1.md, "Limits", "Errors").
 
 The message types (``protocol/session_v1.py``) are built from these; SDKs, schemas and the
 gateway read them from there.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal, TypeAlias, get_args
 
-from msgspec import Meta
+from msgspec import Meta, Struct
 
 PROTOCOL: Final = "fonoster.session.v1"
 
@@ -78,3 +78,24 @@ ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
 OPT_IN_EVENTS: Final[frozenset[str]] = frozenset({"turn.estimate", "transcript.partial"})
 """docs/protocol-session-v1.md, ``subscribe``: the events an app receives only after subscribing to
 them."""
+
+
+# Decode results that are not messages
+
+
+class Ignored(Struct, frozen=True):
+    """A well-formed message of a type this version does not know; the gateway drops it."""
+
+    type: str
+
+
+class BadMessage(Struct, frozen=True):
+    """A frame the gateway answers with ``error`` ``bad_message``.
+
+    ``relates_to`` is the ``relatesTo`` of that error (docs/protocol-session-v1.md, "Errors for
+    bad input"): the command's ``id`` when it carried a valid one, else its ``type``, else
+    ``"unknown"``.
+    """
+
+    message: str
+    relates_to: str

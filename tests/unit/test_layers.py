@@ -34,6 +34,7 @@ CORES = [
     "calls/effects.py",
     "calls/control.py",
     "calls/transfer_core.py",
+    "calls/output_events.py",
     "speech/pauses.py",
     "media/output_queue.py",
     "media/pacing.py",
