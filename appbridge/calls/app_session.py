@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK
 from appbridge.apps.link import AppLink, AppUnreachable, dial
 from appbridge.apps.timers import ReconnectSeries, TakeBack, TakeBackOutcome
+from appbridge.calls.handoff import move_to
 from appbridge.calls.state import CallState
 from appbridge.config import AppConfig, Config
 from appbridge.media.codecs import PCMU_8K, AudioFormat
@@ -298,21 +299,8 @@ async def _fall_back_after_loss(call: Call) -> None:
     if result.link is None and result.message is None:
         await call.end("error", app_gone=True)
         return
-    call.close_session("error", None)  # the listeners' session ends; the app is gone already
-    call.commands.run(call.core.reset_output())
-    if call.control.resume():
-        call.stop_hold()
-    if result.link is not None and result.app is not None:
-        call.link = result.link
-        call.core.reset_listening()
-        if call.ears is not None:
-            ears, call.ears = call.ears, None  # the new app listens from a fresh start
-            call.spawn(ears.close(), "ears-close")
-        call.use_app(result.app)
-        call.start_session(handoff=None)
-    else:
-        assert result.message is not None
-        call.commands.run(call.core.fall_back(result.message))
+    # The listeners' session ends with error; the app is gone already.
+    move_to(call, result, end_reason="error", command_id=None, payload=None)
 
 
 def hear_unlinked(call: Call, payload: bytes) -> None:

@@ -13,7 +13,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from appbridge.calls.app_session import DialResult
     from appbridge.calls.call import Call
+    from appbridge.protocol import session_v1 as sv1
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,22 @@ async def hand_off(call: Call, target_ref: str, payload: Any, command_id: str | 
         )
         return
     call.core.handoff_over(True)
-    call.close_session("handoff", command_id)
+    if move_to(call, result, end_reason="handoff", command_id=command_id, payload=payload):
+        log.info("call %s handed off to %s", call.call_ref, result.app.ref if result.app else "")
+
+
+def move_to(
+    call: Call,
+    result: DialResult,
+    *,
+    end_reason: sv1.EndReason,
+    command_id: str | None,
+    payload: Any,
+) -> bool:
+    """The call leaves its session for what ``result`` reached: the app that answered (a new
+    ``session.start`` carrying ``payload``; True) or the fallback message (False). The old
+    session ends with ``end_reason``; its output, hold and listening choices are dropped."""
+    call.close_session(end_reason, command_id)
     call.commands.run(call.core.reset_output())
     if call.control.resume():
         call.stop_hold()
@@ -49,7 +66,7 @@ async def hand_off(call: Call, target_ref: str, payload: Any, command_id: str | 
             call.spawn(ears.close(), "ears-close")
         call.use_app(result.app)
         call.start_session(handoff=payload)
-        log.info("call %s handed off to %s", call.call_ref, result.app.ref)
-    else:
-        assert result.message is not None
-        call.commands.run(call.core.fall_back(result.message))
+        return True
+    assert result.message is not None
+    call.commands.run(call.core.fall_back(result.message))
+    return False
