@@ -566,3 +566,6 @@ async def test_a_killed_nodes_calls_answer_404_once_its_membership_expired(
 
 async def _equals(awaitable: Awaitable[Any], value: Any) -> bool:
     return bool(await awaitable == value)
+
+
+healthy = _healthy  # reused by tests/integration/test_cluster_kamailio.py

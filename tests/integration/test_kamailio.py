@@ -561,3 +561,12 @@ async def test_sigterm_drain_keeps_live_calls_refuses_new_ones_and_exits_0(tmp_p
         assert time.monotonic() - drained_at >= drain_s - 0.5
         end = await second.wait_for("session.end", timeout=1)
         assert end["reason"] == "timeout"
+
+
+# The helpers tests/integration/test_cluster_kamailio.py reuses with clustered nodes.
+kamailio_required = _kamailio_required
+start_kamailio = _start_kamailio
+shared_sip_port = _shared_sip_port
+until = _until
+state_is = _state_is
+http_status_is = _status
