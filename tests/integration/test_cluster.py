@@ -150,7 +150,7 @@ class Cluster:
         return carrier
 
 
-async def _healthy(node: Node, timeout_s: float = 30.0) -> None:
+async def healthy(node: Node, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(trust_env=False) as client:
         while time.monotonic() < deadline:
@@ -208,7 +208,7 @@ def cluster(
 async def live(cluster: Cluster) -> Cluster:
     for node in cluster.nodes.values():
         if node.proc is not None and node.proc.poll() is None:
-            await _healthy(node)
+            await healthy(node)
     return cluster
 
 
@@ -566,6 +566,3 @@ async def test_a_killed_nodes_calls_answer_404_once_its_membership_expired(
 
 async def _equals(awaitable: Awaitable[Any], value: Any) -> bool:
     return bool(await awaitable == value)
-
-
-healthy = _healthy  # reused by tests/integration/test_cluster_kamailio.py

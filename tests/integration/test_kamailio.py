@@ -50,7 +50,7 @@ BYE_TO_NODE = re.compile(
 )
 
 
-def _kamailio_required() -> pytest.MarkDecorator:
+def kamailio_required() -> pytest.MarkDecorator:
     """Skipped where kamailio (or its kamcmd) is missing; under CI=true a missing peer fails the
     run at collection."""
     missing = KAMAILIO is None or KAMCMD is None
@@ -61,7 +61,7 @@ def _kamailio_required() -> pytest.MarkDecorator:
     return pytest.mark.skipif(missing, reason="kamailio missing: run deploy/install-test-peers.sh")
 
 
-pytestmark = [sipp_required(), _kamailio_required(), pytest.mark.timeout(150)]
+pytestmark = [sipp_required(), kamailio_required(), pytest.mark.timeout(150)]
 
 NODE_CONFIG = """
 [server]
@@ -158,7 +158,7 @@ def _port_free_on_all(port: int) -> bool:
     return True
 
 
-def _shared_sip_port() -> int:
+def shared_sip_port() -> int:
     for _ in range(50):
         port = free_port()
         if _port_free_on_all(port):
@@ -172,7 +172,7 @@ def _free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+async def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
     """Poll ``condition`` (sync, or returning an awaitable) every 50 ms until it holds, for at
     most ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -238,7 +238,7 @@ async def _healthy(node: Node) -> None:
     raise AssertionError(f"{node.host} never became healthy")
 
 
-async def _start_kamailio(tmp: Path, sip_port: int, max_calls: int) -> Cluster:
+async def start_kamailio(tmp: Path, sip_port: int, max_calls: int) -> Cluster:
     assert KAMAILIO is not None
     dispatcher_list = tmp / "dispatcher.list"
     dispatcher_list.write_text(
@@ -249,7 +249,7 @@ async def _start_kamailio(tmp: Path, sip_port: int, max_calls: int) -> Cluster:
     )
     run = tmp / "kamailio-run"
     run.mkdir()
-    port = _shared_sip_port()
+    port = shared_sip_port()
     ctl = f"unixs:{run / 'kamailio_ctl'}"
     log = tmp / "kamailio.log"
     with log.open("wb") as out:
@@ -291,7 +291,7 @@ async def cluster(
     tmp: Path, max_calls: int = 20, drain_timeout_s: float = DRAIN_TIMEOUT_S
 ) -> AsyncIterator[Cluster]:
     """Three nodes behind Kamailio, all probed up; everything is stopped afterwards."""
-    sip_port = _shared_sip_port()
+    sip_port = shared_sip_port()
     nodes = [
         await _start_node(tmp, i, sip_port, max_calls, drain_timeout_s)
         for i in range(len(NODE_HOSTS))
@@ -300,10 +300,10 @@ async def cluster(
     try:
         for node in nodes:
             await _healthy(node)
-        kam = await _start_kamailio(tmp, sip_port, max_calls)
+        kam = await start_kamailio(tmp, sip_port, max_calls)
         kam.nodes = nodes
         for node in nodes:
-            await _until(partial(_state_is, kam, node.host, "AP"), 15, f"{node.host} probed up")
+            await until(partial(state_is, kam, node.host, "AP"), 15, f"{node.host} probed up")
         yield kam
     finally:
         for caller in kam.callers if kam is not None else []:
@@ -325,7 +325,7 @@ async def cluster(
             await node.app.stop()
 
 
-async def _state_is(kam: Cluster, host: str, state: str) -> bool:
+async def state_is(kam: Cluster, host: str, state: str) -> bool:
     if kam.kamailio.returncode is not None:
         raise AssertionError("kamailio exited: " + kam.kamailio_log.read_text()[-3000:])
     return await kam.node_state(host) == state
@@ -419,7 +419,7 @@ async def test_calls_spread_over_the_nodes_and_dialogs_stay_on_their_node(tmp_pa
         # The app hangs up: the node's BYE goes out through Kamailio (its Route set) to sipp.
         before = kam.sessions()
         proc = await sipp_calls(kam, "uac_proxy_gateway_bye.xml", 1, 1, tag="gwbye", pcap=PCAP)
-        await _until(lambda: sum(kam.sessions()) > sum(before), 10, "the call's session")
+        await until(lambda: sum(kam.sessions()) > sum(before), 10, "the call's session")
         node = next(n for n, b in zip(kam.nodes, before, strict=True) if len(n.app.sessions) > b)
         session = node.app.sessions[-1]
         await session.wait_for("session.start", timeout=5)
@@ -433,7 +433,7 @@ async def test_calls_spread_over_the_nodes_and_dialogs_stay_on_their_node(tmp_pa
         rc, out = await kam.kamcmd("dispatcher.reload")
         assert rc == 0, out
         for host in NODE_HOSTS:
-            await _until(partial(_state_is, kam, host, "AP"), 5, f"{host} up after the reload")
+            await until(partial(state_is, kam, host, "AP"), 5, f"{host} up after the reload")
 
 
 async def test_drained_node_keeps_its_calls_and_a_killed_node_is_routed_around(
@@ -460,8 +460,8 @@ async def _drain_first_node(kam: Cluster) -> tuple[float, float]:
     long_calls = await sipp_calls(
         kam, "uac_proxy_call.xml", 6, 20, tag="long", pcap=PCAP, pause_ms="6000"
     )
-    await _until(lambda: kam.sessions() == [2, 2, 2], 10, "two calls on each node")
-    await _until(
+    await until(lambda: kam.sessions() == [2, 2, 2], 10, "two calls on each node")
+    await until(
         lambda: all(len(s.audio) > 5 for n in kam.nodes for s in n.app.sessions),
         10,
         "caller audio",
@@ -471,11 +471,11 @@ async def _drain_first_node(kam: Cluster) -> tuple[float, float]:
     drained_at = time.time()
     a.proc.send_signal(signal.SIGTERM)
     async with httpx.AsyncClient() as client:
-        await _until(lambda: _status(client, a.base + "/readyz", 503), 5, "A's /readyz 503")
+        await until(lambda: http_status_is(client, a.base + "/readyz", 503), 5, "A's /readyz 503")
     short = await sipp_calls(
         kam, "uac_proxy_call.xml", 10, 10, tag="drain", pcap=PCAP, pause_ms="300"
     )
-    await _until(lambda: _state_is(kam, a.host, "IP"), 2 * PROBE_INTERVAL_S + 3, "A down")
+    await until(lambda: state_is(kam, a.host, "IP"), 2 * PROBE_INTERVAL_S + 3, "A down")
     marked_s = time.time() - drained_at
     rc, log = await sipp_result(kam, short, "drain")
     assert rc == 0, log
@@ -499,11 +499,11 @@ async def _kill_second_node(kam: Cluster) -> tuple[float, float]:
     stream = await sipp_calls(
         kam, "uac_proxy_call.xml", 40, 8, tag="kill", pcap=PCAP, pause_ms="200"
     )
-    await _until(lambda: len(b.app.sessions) > 2, 10, "a call of the stream on B")
+    await until(lambda: len(b.app.sessions) > 2, 10, "a call of the stream on B")
     killed_at = time.time()
     b.proc.kill()
     await b.proc.wait()
-    await _until(lambda: _state_is(kam, b.host, "IP"), 2 * PROBE_INTERVAL_S + 3, "B down")
+    await until(lambda: state_is(kam, b.host, "IP"), 2 * PROBE_INTERVAL_S + 3, "B down")
     marked_s = time.time() - killed_at
     c_before = len(c.app.sessions)
     await sipp_result(kam, stream, "kill")  # a call up on B when it died fails: no rc check
@@ -516,7 +516,7 @@ async def _kill_second_node(kam: Cluster) -> tuple[float, float]:
     return last_s, marked_s
 
 
-async def _status(client: httpx.AsyncClient, url: str, status: int) -> bool:
+async def http_status_is(client: httpx.AsyncClient, url: str, status: int) -> bool:
     try:
         return (await client.get(url)).status_code == status
     except httpx.TransportError:
@@ -533,18 +533,20 @@ async def test_sigterm_drain_keeps_live_calls_refuses_new_ones_and_exits_0(tmp_p
         hung_up = await sipp_calls(
             kam, "uac_proxy_call.xml", 1, 1, tag="direct", target=a.host, pcap=PCAP, pause_ms="3000"
         )
-        await _until(lambda: len(a.app.sessions) == 1, 10, "the first call on A")
+        await until(lambda: len(a.app.sessions) == 1, 10, "the first call on A")
         outlives = await sipp_calls(
             kam, "uac_proxy_gateway_bye.xml", 1, 1, tag="outlives", target=a.host, pcap=PCAP
         )
-        await _until(lambda: len(a.app.sessions) == 2, 10, "the second call on A")
+        await until(lambda: len(a.app.sessions) == 2, 10, "the second call on A")
         first, second = a.app.sessions
-        await _until(lambda: len(first.audio) > 5, 10, "caller audio")
+        await until(lambda: len(first.audio) > 5, 10, "caller audio")
         heard = len(first.audio)
         drained_at = time.monotonic()
         a.proc.send_signal(signal.SIGTERM)
         async with httpx.AsyncClient() as client:
-            await _until(lambda: _status(client, a.base + "/readyz", 503), 5, "A's /readyz 503")
+            await until(
+                lambda: http_status_is(client, a.base + "/readyz", 503), 5, "A's /readyz 503"
+            )
         for scenario in ("uac_options_503.xml", "uac_503.xml"):
             proc = await sipp_calls(kam, scenario, 1, 1, tag=scenario[:-4], target=a.host)
             rc, log = await sipp_result(kam, proc, scenario[:-4])
@@ -561,12 +563,3 @@ async def test_sigterm_drain_keeps_live_calls_refuses_new_ones_and_exits_0(tmp_p
         assert time.monotonic() - drained_at >= drain_s - 0.5
         end = await second.wait_for("session.end", timeout=1)
         assert end["reason"] == "timeout"
-
-
-# The helpers tests/integration/test_cluster_kamailio.py reuses with clustered nodes.
-kamailio_required = _kamailio_required
-start_kamailio = _start_kamailio
-shared_sip_port = _shared_sip_port
-until = _until
-state_is = _state_is
-http_status_is = _status
