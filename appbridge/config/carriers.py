@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from appbridge.config.model import (
@@ -18,6 +19,7 @@ from appbridge.config.model import (
     SipConfig,
     SipTransport,
     SipTrunk,
+    SrtpMode,
     TwilioCarrierConfig,
 )
 from appbridge.config.schema import (
@@ -31,8 +33,9 @@ from appbridge.config.schema import (
     read_account_sid,
     read_ref,
 )
+from appbridge.config.tls import parse_tls_files
 
-_LISTEN_RE = re.compile(r"(udp|tcp):(\[[^\]]*\]|[^:\[\]]+):([0-9]{1,5})")
+_LISTEN_RE = re.compile(r"(udp|tcp|tls):(\[[^\]]*\]|[^:\[\]]+):([0-9]{1,5})")
 
 
 def parse_twilio(reader: Reader, data: Mapping[str, Any]) -> TwilioCarrierConfig | None:
@@ -59,13 +62,13 @@ def parse_twilio(reader: Reader, data: Mapping[str, Any]) -> TwilioCarrierConfig
     return TwilioCarrierConfig(account_sid, token, api_base)
 
 
-def parse_sip(reader: Reader, data: Mapping[str, Any]) -> SipConfig | None:
+def parse_sip(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> SipConfig | None:
     """``[sip]``: the listeners, the RTP port range and the trunks (docs/sip.md, "Trunks and
     who may call")."""
     table = reader.table(data, "sip", "sip")
     if table is None:
         return None
-    reader.check_keys("sip", table, ("listen", "rtp_ports", "public_address", "trunks"))
+    reader.check_keys("sip", table, ("listen", "rtp_ports", "public_address", "trunks", "tls"))
     listen: tuple[str, ...] = DEFAULT_SIP_LISTEN
     if "listen" in table:
         entries = reader.strings(table, "listen", "sip.listen", _check_listen) or []
@@ -86,12 +89,15 @@ def parse_sip(reader: Reader, data: Mapping[str, Any]) -> SipConfig | None:
         trunk = _parse_trunk(reader, item_path("sip.trunks", index), entry, seen)
         if trunk is not None:
             trunks.append(trunk)
-    return SipConfig(listen, rtp_ports, public_address, tuple(trunks))
+    tls = parse_tls_files(reader, table, "sip.tls", base_dir, with_ca=True)
+    if tls is None and "tls" not in table and any(e.startswith("tls:") for e in listen):
+        reader.problem("sip.listen", 'a "tls:" listener needs [sip] tls (cert_file, key_file)')
+    return SipConfig(listen, rtp_ports, public_address, tuple(trunks), tls)
 
 
 def _check_listen(text: str) -> str | None:
     match = _LISTEN_RE.fullmatch(text)
-    expected = f'expected "udp:HOST:PORT" or "tcp:HOST:PORT", got {describe(text)}'
+    expected = f'expected "udp:HOST:PORT", "tcp:HOST:PORT" or "tls:HOST:PORT", got {describe(text)}'
     if match is None:
         return expected
     host = match.group(2)
@@ -132,29 +138,71 @@ def _parse_rtp_ports(reader: Reader, table: Mapping[str, Any]) -> tuple[int, int
 def _parse_trunk(
     reader: Reader, path: str, table: Mapping[str, Any], seen: dict[str, str]
 ) -> SipTrunk | None:
-    reader.check_keys(
-        path, table, ("name", "host", "port", "transport", "username", "password", "allow")
-    )
+    reader.check_keys(path, table, _TRUNK_KEYS)
     name = read_ref(reader, table, "name", key_path(path, "name"), seen, "trunk name")
     host = reader.string(table, "host", key_path(path, "host"), required=True)
     if host is not None and not is_host(host):
         reader.problem(
             key_path(path, "host"), f"expected an IP address or host name, got {describe(host)}"
         )
-    port = reader.integer(table, "port", key_path(path, "port"), default=5060, low=1, high=65535)
     transport = reader.choice(
-        table, "transport", key_path(path, "transport"), ("udp", "tcp"), "udp"
+        table, "transport", key_path(path, "transport"), ("udp", "tcp", "tls"), "udp"
+    )
+    default_port = 5061 if transport == "tls" else 5060
+    port = reader.integer(
+        table, "port", key_path(path, "port"), default=default_port, low=1, high=65535
     )
     username = reader.string(table, "username", key_path(path, "username"))
     password = reader.string(table, "password", key_path(path, "password"), secret=True)
     if password is not None and username is None and "username" not in table:
         reader.problem(key_path(path, "password"), "set without username")
     allow = reader.strings(table, "allow", key_path(path, "allow"), check_cidr) or []
+    srtp = reader.choice(
+        table,
+        "srtp",
+        key_path(path, "srtp"),
+        ("off", "optional", "required"),
+        "required" if transport == "tls" else "off",
+    )
+    register = reader.boolean(table, "register", key_path(path, "register"), default=False)
+    if register and ("username" not in table or "password" not in table):
+        reader.problem(key_path(path, "register"), "needs username and password")
+    expires = reader.integer(
+        table,
+        "register_expires_s",
+        key_path(path, "register_expires_s"),
+        default=3600,
+        low=60,
+        high=86400,
+    )
     if name is None or host is None:
         return None
     return SipTrunk(
-        name, host, port, cast(SipTransport, transport), username, password, tuple(allow)
+        name,
+        host,
+        port,
+        cast(SipTransport, transport),
+        username,
+        password,
+        tuple(allow),
+        cast(SrtpMode, srtp),
+        register,
+        expires,
     )
+
+
+_TRUNK_KEYS = (
+    "name",
+    "host",
+    "port",
+    "transport",
+    "username",
+    "password",
+    "allow",
+    "srtp",
+    "register",
+    "register_expires_s",
+)
 
 
 def _report_duplicates(reader: Reader, path: str, values: list[str]) -> None:

@@ -83,11 +83,12 @@ def parse_config(
     """Validate parsed TOML; raises :class:`ConfigError` listing every problem."""
     reader = Reader(os.environ if env is None else env)
     reader.check_keys("", data, (*TOP_LEVEL_KEYS, "logging"))  # [logging]: config/logging.py
-    server = parse_server(reader, data, Path(base_dir) if base_dir is not None else Path.cwd())
+    folder = Path(base_dir) if base_dir is not None else Path.cwd()
+    server = parse_server(reader, data, folder)
     http = parse_http(reader, data)
     api = parse_api(reader, data)
     twilio = parse_twilio(reader, data)
-    sip = parse_sip(reader, data)
+    sip = parse_sip(reader, data, folder)
     media = parse_media(reader, data)
     speech = parse_speech_providers(reader, data)
     known_voice = with_provider_voices(known_voice, speech)

@@ -22,7 +22,8 @@ AppProtocol: TypeAlias = Literal["fonoster", "twilio"]
 Codec: TypeAlias = Literal["pcm16", "pcmu"]
 RateHz: TypeAlias = Literal[8000, 16000, 24000]
 ListenerTracks: TypeAlias = Literal["inbound", "outbound", "both"]
-SipTransport: TypeAlias = Literal["udp", "tcp"]
+SipTransport: TypeAlias = Literal["udp", "tcp", "tls"]
+SrtpMode: TypeAlias = Literal["off", "optional", "required"]
 
 EMBEDDED_SOURCE: Final = "<embedded default>"
 DEMO_ACCOUNT_SID: Final = "AC" + "0" * 32
@@ -136,16 +137,32 @@ class SipTrunk:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     allow: tuple[str, ...] = ()
+    # SDES-SRTP (RFC 4568): "required" is the default over TLS, "off" over UDP and TCP.
+    srtp: SrtpMode = "off"
+    # Keep a registration with the trunk (RFC 3261 §10), refreshed before it expires.
+    register: bool = False
+    register_expires_s: int = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """A certificate chain and its key, with an optional extra CA bundle for checking peers."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SipConfig:
-    """``[sip]``: ``listen`` entries are ``"udp:HOST:PORT"`` / ``"tcp:HOST:PORT"``."""
+    """``[sip]``: ``listen`` entries are ``"udp:HOST:PORT"``, ``"tcp:HOST:PORT"`` or
+    ``"tls:HOST:PORT"`` (the last needs ``tls``)."""
 
     listen: tuple[str, ...]
     rtp_ports: tuple[int, int]
     public_address: str | None
     trunks: tuple[SipTrunk, ...]
+    tls: TlsFiles | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -552,22 +552,31 @@ def test_sip_defaults_and_values() -> None:
     [
         (
             'listen = ["sctp:1.2.3.4:5060"]',
-            ['sip.listen[0]: expected "udp:HOST:PORT" or "tcp:HOST:PORT", got "sctp:1.2.3.4:5060"'],
+            [
+                'sip.listen[0]: expected "udp:HOST:PORT", "tcp:HOST:PORT" or "tls:HOST:PORT", '
+                'got "sctp:1.2.3.4:5060"'
+            ],
         ),
         (
             'listen = ["udp:1.2.3.4"]',
-            ['sip.listen[0]: expected "udp:HOST:PORT" or "tcp:HOST:PORT", got "udp:1.2.3.4"'],
+            [
+                'sip.listen[0]: expected "udp:HOST:PORT", "tcp:HOST:PORT" or "tls:HOST:PORT", '
+                'got "udp:1.2.3.4"'
+            ],
         ),
         (
             'listen = ["udp:[1.2.3.4]:5060"]',
             [
-                'sip.listen[0]: expected "udp:HOST:PORT" or "tcp:HOST:PORT", '
-                'got "udp:[1.2.3.4]:5060"'
+                'sip.listen[0]: expected "udp:HOST:PORT", "tcp:HOST:PORT" or '
+                '"tls:HOST:PORT", got "udp:[1.2.3.4]:5060"'
             ],
         ),
         (
             'listen = ["udp:h:70000"]',
-            ['sip.listen[0]: expected "udp:HOST:PORT" or "tcp:HOST:PORT", got "udp:h:70000"'],
+            [
+                'sip.listen[0]: expected "udp:HOST:PORT", "tcp:HOST:PORT" or "tls:HOST:PORT", '
+                'got "udp:h:70000"'
+            ],
         ),
         ("listen = []", ["sip.listen: must hold at least one entry"]),
         ('listen = ["udp:h:1", "udp:h:1"]', ['sip.listen: duplicate entry "udp:h:1"']),
@@ -604,11 +613,11 @@ def test_sip_problems(text: str, expected: list[str]) -> None:
 
 def test_sip_trunk_problems() -> None:
     found = problems(
-        '[[sip.trunks]]\nname = "m"\nhost = "h"\ntransport = "tls"\npassword = "p"\n'
+        '[[sip.trunks]]\nname = "m"\nhost = "h"\ntransport = "sctp"\npassword = "p"\n'
         'allow = ["1.2.3.4/24", "nonsense", "10.0.0.0/8"]\n'
         '[[sip.trunks]]\nname = "m"\nport = 0\n' + APP + ROUTE
     )
-    assert found[0] == 'sip.trunks[0].transport: expected one of "udp", "tcp", got "tls"'
+    assert found[0] == 'sip.trunks[0].transport: expected one of "udp", "tcp", "tls", got "sctp"'
     assert found[1] == "sip.trunks[0].password: set without username"
     assert found[2].startswith("sip.trunks[0].allow[0]: expected a network such as 198.51.100.0/24")
     assert found[3].startswith("sip.trunks[0].allow[1]: expected a network")
