@@ -150,4 +150,8 @@ install_sipp
 install_baresip
 install_apt_peer kamailio kamailio
 install_apt_peer redis-server redis-server
+# SIP over TLS (docs/sip.md): Debian's sipp is built without OpenSSL, so its TCP scenarios reach
+# the TLS listener through socat's OpenSSL client; tcpdump captures the RTP port in the SRTP tests.
+install_apt_peer socat socat
+install_apt_peer tcpdump tcpdump
 exit 0
