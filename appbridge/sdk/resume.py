@@ -125,7 +125,9 @@ class Parking:
         self.parked = False
         self.wire_done = asyncio.Event()
         self._resumed.set()
-        self._queue(Resumed(info.attempt, info.down_ms, restored))
+        resumed = Resumed(info.attempt, info.down_ms, restored)
+        self._publish(resumed)
+        self._queue(resumed)
         self._run_io()
         log.info("session %s: resumed (attempt %d)", self.session_ref, info.attempt)
 
@@ -134,6 +136,9 @@ class Parking:
         raise NotImplementedError
 
     def _queue(self, event: Any) -> None:
+        raise NotImplementedError
+
+    def _publish(self, event: Any) -> None:
         raise NotImplementedError
 
     def _run_io(self) -> None:

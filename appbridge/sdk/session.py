@@ -12,17 +12,16 @@ for the network.
 Each command gets an ``id`` made by the SDK. The events it causes echo that id (``output.*``,
 ``mark``, ``session.end``) and so do errors (``relatesTo``), which is how an ``error`` finds the
 awaiting call and becomes that call's exception (:mod:`appbridge.sdk.errors`). An error that
-nothing awaits is yielded as an event instead, as is every event that did not answer an await.
+nothing awaits is yielded as an event instead, as is every event that did not answer an await;
+callbacks and extra iterators see every event (:mod:`appbridge.sdk.fanout`).
 
-Automatic barge-in (docs/protocol-session-v1.md, "Interruptions"): the gateway never stops output on
-caller speech; it sends ``turn.user_started`` and keeps playing. When that arrives while an item the
-app marked ``interruptible`` is playing, the session sends ``clear``. ``auto_barge_in = False``
-turns it off.
+Automatic barge-in (docs/protocol-session-v1.md, "Interruptions"): the gateway never stops output
+on caller speech; it sends ``turn.user_started``. When that arrives while an item the app marked
+``interruptible`` is playing, the session sends ``clear`` (``auto_barge_in = False``: it does not).
 
 When the session ends (``session.end``, or the socket closing) every pending handle and gather
 raises :class:`~appbridge.sdk.errors.SessionClosed`, and iteration stops once the events already
 received were yielded: nothing hangs on a call that is gone.
-
 A session with ``reconnect`` (docs/protocol-session-v1.md, "Reconnecting"; docs/sdk.md) is
 *parked* instead when its socket is lost: its data and queued events stay, pending handles raise
 ``SessionClosed`` (their answers went with the socket) and so do new commands, while the server
@@ -43,6 +42,7 @@ from appbridge.protocol import session_v1 as sv1
 from appbridge.sdk.errors import CommandError, SessionClosed, SessionEnded, error_from_event
 from appbridge.sdk.event_queue import MAX_QUEUED_AUDIO_FRAMES, EventQueue
 from appbridge.sdk.events import AudioFrame, Event, GatherResult, OutputResult
+from appbridge.sdk.fanout import Fanout
 from appbridge.sdk.gather import GatherState
 from appbridge.sdk.handles import Output, Pending, TransferHandle
 from appbridge.sdk.inbound import decode_frame
@@ -74,7 +74,7 @@ class _Gather:
         self.owns_prompt = False
 
 
-class Session(SessionInfo, Parking):
+class Session(SessionInfo, Fanout, Parking):
     """One call's session. The server hands it to the handler after ``session.start``.
 
     Start data (:class:`~appbridge.sdk.info.SessionInfo`): :attr:`start` is the whole
@@ -94,6 +94,7 @@ class Session(SessionInfo, Parking):
     ) -> None:
         super().__init__(start)
         Parking.__init__(self, reconnect)
+        Fanout.__init__(self, f"session {start.session_ref}")
         self.auto_barge_in = auto_barge_in
         """Send ``clear`` when the caller starts talking over an interruptible item."""
         self.end: sv1.SessionEnd | None = None
@@ -429,6 +430,7 @@ class Session(SessionInfo, Parking):
         event = decode_frame(frame)
         if event is None or isinstance(event, sv1.SessionStart):
             return
+        self._publish(event)
         if isinstance(event, AudioFrame):
             self._queue(event)
             return
@@ -586,6 +588,7 @@ class Session(SessionInfo, Parking):
                 gather.future.exception()
         self._closed_event.set()
         self._events.wakeup.set()
+        self._close_taps()
         self._unpark()
 
     async def _shutdown(self) -> None:
