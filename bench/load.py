@@ -59,6 +59,7 @@ from bench.report import (
     parse_metric,
     step_detail_lines,
 )
+from bench.slow_http import slow_clients
 from bench.speed import probe_core
 
 ACCOUNT_SID = "AC" + "be" * 16
@@ -324,11 +325,13 @@ async def _measure(
         if probe is not None:
             await probe.mark("window_start")
         starts = await _all(workers, "window_start", 30.0)
+        slow = slow_clients(base_url, args.slow_http, args.load_cpus)
         rss_peak = gateway.rss_bytes()
         while time.monotonic() < t0 + args.hold and gateway.alive():
             await asyncio.sleep(min(1.0, max(0.0, t0 + args.hold - time.monotonic())))
             rss_peak = max(rss_peak, gateway.rss_bytes())
         ends = await _all(workers, "window_end", 30.0)
+        slow_figures = await slow.stop() if slow is not None else None
         if probe is not None:
             await probe.mark("window_end")
         t1 = time.monotonic()
@@ -381,6 +384,7 @@ async def _measure(
     data: dict[str, Any] = {
         "offered": calls,
         "cluster": probe.figures(held) if probe is not None else None,
+        "slow_http": slow_figures,
         "offered_sip_share": args.sip_share,
         "dialect": args.dialect,
         "speak": args.speak,
@@ -547,6 +551,8 @@ async def run(args: argparse.Namespace) -> int:
             f"{step.get('refused', '-')}, held {step.get('held', '-')}; the live calls "
             + ("kept every bar" if ran and not bar_failures(step) else "missed a bar")
         )
+    for step in ran if args.slow_http else ():
+        print(f"  {step['offered']} offered, slow HTTP clients: {step['slow_http']}")
     print(final_line(report["steps"]))
     if args.cluster == "ab":
         for line in ab_lines(ran):

@@ -125,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
         "directory's cost printed (Redis commands per call and per heartbeat); 'ab' runs every "
         "step twice, without then with, and compares CPU per call (docs/PERFORMANCE.md)",
     )
+    parser.add_argument(
+        "--slow-http",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N clients that send an HTTP request head one byte a second during each hold "
+        "window, opened at once (bench/slow_http.py); the bars then show what they cost the calls",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")

@@ -9,6 +9,7 @@ fast path ever misbehave, and the benchmark's A/B switch.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from appbridge.http.head_deadline import HeadDeadline
 from appbridge.http.ws_router import RoutingWsProtocol, fast_ws_protocol
 from appbridge.net.ws_fastpath import Acceptor
 
@@ -35,7 +37,7 @@ class EmbeddedServer(uvicorn.Server):
         return
 
 
-class UpgradingHttpProtocol(HttpToolsProtocol):
+class UpgradingHttpProtocol(HeadDeadline, HttpToolsProtocol):
     """uvicorn's httptools protocol, which lets go of its parser once it has handed the
     connection to a WebSocket protocol, and lets a routed WebSocket connection be read by the
     routed protocol directly (:meth:`RoutingWsProtocol.hand_over`).
@@ -44,7 +46,26 @@ class UpgradingHttpProtocol(HttpToolsProtocol):
     uvicorn breaks that cycle when a connection is lost, but an upgraded connection is lost by
     the WebSocket protocol instead, so each media stream left the pair for a full collection to
     free (see media/gc_pacer.py). After the upgrade the transport feeds the new protocol
-    and this one reads nothing more."""
+    and this one reads nothing more.
+
+    It also bounds how long a request head may take and how many may be pending
+    (``http/head_deadline.py``)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._await_head()  # the next request on a kept-alive connection
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        super().connection_lost(exc)
 
     def handle_websocket_upgrade(self) -> None:
         super().handle_websocket_upgrade()
