@@ -14,6 +14,7 @@ tests/tls_support.py; the app is a :class:`FakeApp`.
   ``transport = "tls"`` trunk (``POST /v1/calls``): the expected tones both ways.
 - a trunk whose certificate names another host, or is signed by an unknown CA: the outbound
   call fails with 502 ``trunk_unreachable`` and a log line naming trunk, address and reason.
+- the test caller (``appbridge call sip:...;transport=tls``) over the ``tls:`` listener.
 
 Under CI=true a missing sipp, socat or baresip fails these tests; elsewhere they skip
 (deploy/install-test-peers.sh installs them).
@@ -37,6 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
+from appbridge.caller.sip import SipCallFailed, SipTestCaller
 from appbridge.carriers.sip import transport as sip_transport
 from appbridge.gateway import Gateway
 from appbridge.testing import FakeApp
@@ -426,3 +428,27 @@ async def test_a_refused_trunk_certificate_fails_the_call(
                 f"sip: TLS to trunk 'secure' (localhost:{port}) refused: {expected}"
             ), lines
             assert env.app.sessions == [] and len(env.gw.registry) == 0
+
+
+async def test_the_test_caller_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``appbridge call sip:...;transport=tls`` (docs/caller.md): the caller verifies the
+    gateway's certificate with the CA named by ``SSL_CERT_FILE``."""
+    async with tls_gateway(tmp_path, 46_000) as env:
+        monkeypatch.setenv("SSL_CERT_FILE", str(env.ca.cert_file))
+        uri = f"sip:{ROUTED}@127.0.0.1:{env.tls_port};transport=tls"
+        async with SipTestCaller(uri, from_user="+15550003333") as caller:
+            assert await caller.call(timeout_s=10) == 200
+            session = await env.app.next_session(timeout=5)
+            start = await session.wait_for("session.start", timeout=5)
+            assert start["from"] == "+15550003333"
+            assert env.gw.sip is not None
+            assert [sc.peer[0] for sc in env.gw.sip.inbound.calls.values()] == ["tls"]
+            await caller.hangup()
+            end = await session.wait_for("session.end", timeout=5)
+            assert end["reason"] == "caller_hangup"
+        # Without the CA the gateway's certificate is refused, and the call fails at once.
+        monkeypatch.delenv("SSL_CERT_FILE")
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "no-such-ca.pem"))
+        async with SipTestCaller(uri, from_user="+15550003333") as caller:
+            with pytest.raises(SipCallFailed):
+                await caller.call(timeout_s=10)
