@@ -212,8 +212,9 @@ class SipUac:
 
     async def _connect(self, trunk: SipTrunk) -> Peer:
         """The trunk's peer: its address over UDP, or its (reused) TCP or TLS connection.
-        Raises :class:`UacError` ``trunk_unreachable``; a TLS refusal is logged with OpenSSL's
-        reason, since the API answer cannot carry it (docs/sip.md, "TLS and SRTP trunks")."""
+        Raises :class:`UacError` ``trunk_unreachable``; a TLS failure is also logged with the
+        trunk's name and OpenSSL's reason, for the operator (docs/sip.md, "TLS and SRTP
+        trunks")."""
         address = await self._resolve(trunk.host, trunk.port)
         where = f"{trunk.host}:{trunk.port}"
         if trunk.transport == "tcp":

@@ -6,6 +6,7 @@ RFC 3261 §26, RFC 5630, RFC 5923, RFC 3581)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from pathlib import Path
 
@@ -206,3 +207,35 @@ async def test_a_tls_listener_without_certificates_cannot_open() -> None:
 def test_name_addr_of_a_sips_contact_round_trips() -> None:
     addr = NameAddr.parse("<sips:ann@198.51.100.7:5061>")
     assert addr.uri.scheme == "sips" and str(addr) == "<sips:ann@198.51.100.7:5061>"
+
+
+@pytest.mark.timeout(30)
+async def test_an_inbound_tcp_alias_is_reused_for_our_requests() -> None:
+    """RFC 5923 §5 on TCP: a client's ``alias`` makes its connection the way to its sent-by
+    address; without ``alias`` the gateway would have to connect there itself."""
+    transport = SipTransport(("tcp:127.0.0.1:0",), VirtualClock(start=0.0), TransactionLayer())
+    user = _User()
+    transport.user = user
+    await transport.start()
+    with socket.socket() as probe:  # a port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    try:
+        port = transport.tcp_addresses[0][1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        options = OPTIONS.format(n=2).replace("TLS 127.0.0.1:5999", f"TCP 127.0.0.1:{dead_port}")
+        writer.write(options.replace(";rport", ";rport;alias").encode())
+        await asyncio.wait_for(user.arrived.wait(), 5)
+        inbound_peer = user.messages[0][1]
+        assert inbound_peer[0] == "tcp"
+        assert await transport.connect_tcp("127.0.0.1", dead_port) == inbound_peer
+        writer.close()
+        # Once that connection is gone, so is the alias: a real connect is tried (and refused).
+        for _ in range(100):
+            if transport._outbound == {}:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(OSError):
+            await transport.connect_tcp("127.0.0.1", dead_port)
+    finally:
+        await transport.stop()
