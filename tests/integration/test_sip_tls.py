@@ -230,20 +230,29 @@ PLAIN_OPTIONS = (
 )
 
 
-async def _tls_options(env: TlsEnv) -> bytes:
-    """One OPTIONS over a verified TLS connection, as a trunk would probe."""
+async def _tls_exchange(env: TlsEnv, data: bytes) -> tuple[bytes, bool]:
+    """``data`` over a verified TLS connection: the first answer, and whether the gateway then
+    closed the connection."""
     context = ssl.create_default_context(cafile=str(env.ca.cert_file))
     reader, writer = await asyncio.open_connection(
         "127.0.0.1", env.tls_port, ssl=context, server_hostname="localhost"
     )
     try:
-        writer.write(
-            PLAIN_OPTIONS.replace(b"SIP/2.0/TCP", b"SIP/2.0/TLS").replace(b"-1\r", b"-1;rport\r")
-        )
+        writer.write(data)
         await writer.drain()
-        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        try:
+            closed = await asyncio.wait_for(reader.read(1), 2) == b""
+        except TimeoutError:
+            closed = False
+        except ConnectionError:
+            closed = True
+        return answer, closed
     finally:
         writer.close()
+
+
+TLS_OPTIONS = PLAIN_OPTIONS.replace(b"SIP/2.0/TCP", b"SIP/2.0/TLS").replace(b"-1\r", b"-1;rport\r")
 
 
 @sipp_required()
@@ -269,11 +278,16 @@ async def test_bad_tls_input_ends_only_that_connection(
         assert len(failures) == 4, failures
         assert any("no TLS handshake in time" in f for f in failures), failures
         assert not held.is_closing()
-        answer = await _tls_options(env)
-        assert answer.startswith(b"SIP/2.0 200 "), answer
+        answer, closed = await _tls_exchange(env, TLS_OPTIONS)
+        assert answer.startswith(b"SIP/2.0 200 ") and not closed, answer
         # RFC 3581 over TLS as over UDP: the source is stamped on the Via of the answer.
         assert b"Via: SIP/2.0/TLS 127.0.0.1:5999;branch=z9hG4bK-plain-1;rport=" in answer
         assert b";received=127.0.0.1" in answer, answer
+        # The TCP stream rules hold on TLS: no Content-Length is answered 400 and the stream
+        # closed, as its framing cannot be trusted (docs/sip.md, "What is supported").
+        unframed = TLS_OPTIONS.replace(b"Content-Length: 0\r\n", b"")
+        answer, closed = await _tls_exchange(env, unframed)
+        assert answer.startswith(b"SIP/2.0 400 ") and closed, answer
         await sipp_call_over_tls(env, tmp_path)
         held.close()
 
