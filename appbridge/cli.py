@@ -186,7 +186,7 @@ def _register_call(
         metavar="URL",
         help=(
             "the gateway's base URL, e.g. http://127.0.0.1:8080, or a SIP URI such as "
-            "sip:+15550002222@127.0.0.1:5060 (add ;transport=tcp for TCP)"
+            "sip:+15550002222@127.0.0.1:5060 (add ;transport=tcp or ;transport=tls)"
         ),
     )
     call.add_argument(

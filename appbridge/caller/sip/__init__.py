@@ -23,7 +23,7 @@ Library use (the API the SDK's SIP tests build on)::
         await caller.hangup()                     # BYE (CANCEL before the answer)
 
 - ``SipTestCaller(uri, *, from_user=..., emit=None, headers=None, codecs=("PCMU", "PCMA"))``:
-  ``uri`` is ``sip:user@host[:port][;transport=tcp]`` (UDP by default); the user part is the
+  ``uri`` is ``sip:user@host[:port][;transport=tcp|tls]`` (UDP by default); the user part is the
   called number the gateway routes on. ``emit`` receives one printable line per event (the
   CLI prints them); ``headers`` are extra INVITE header fields; ``codecs`` is the offer, in
   order of preference (telephone-event is always offered), ``"G722"`` allowed.

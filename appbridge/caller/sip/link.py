@@ -1,5 +1,9 @@
-"""The caller's signalling flow: one connected UDP socket or one TCP connection around a
-:class:`~appbridge.carriers.sip.transaction.TransactionLayer` (RFC 3261 §17, §18).
+"""The caller's signalling flow: one connected UDP socket or one TCP or TLS connection around a
+:class:`~appbridge.carriers.sip.transaction.TransactionLayer` (RFC 3261 §17, §18, §26).
+
+Over TLS (``;transport=tls``) the gateway's certificate is checked against
+the system roots, which OpenSSL reads from ``SSL_CERT_FILE`` when set (a private CA), and
+against the target's host (docs/caller.md).
 
 The gateway's ``transport.SipTransport`` serves listeners and cannot open outbound TCP
 connections, so the caller has this small shell of its own; it carries out the layer's effects
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,27 +60,30 @@ class SipTarget:
     uri: SipUri
     host: str
     port: int
-    transport: str  # "udp" or "tcp"
+    transport: str  # "udp", "tcp" or "tls"
 
 
 def parse_sip_target(text: str) -> SipTarget:
-    """``sip:user@host[:port][;transport=tcp|udp]`` (RFC 3261 §19.1); raises ValueError."""
+    """``sip:user@host[:port][;transport=udp|tcp|tls]`` (RFC 3261 §19.1; port 5061 by default
+    over TLS); raises ValueError. ``sips:`` is refused: the caller keeps no TLS end to end
+    promise beyond its own hop (RFC 5630 §3)."""
     try:
         uri = SipUri.parse(text.strip())
     except SipParseError as exc:
         raise ValueError(f"not a SIP URI: {text!r} ({exc})") from None
     if uri.scheme != "sip":
-        raise ValueError(f"only sip: URIs are supported (no TLS for sips:), got {text!r}")
+        raise ValueError(f"only sip: URIs are supported (use ;transport=tls), got {text!r}")
     if not uri.host:
         raise ValueError(f"the SIP URI has no host: {text!r}")
     transport = (uri.param("transport") or "udp").lower()
-    if transport not in ("udp", "tcp"):
-        raise ValueError(f"transport={transport} is not supported; use udp or tcp")
-    return SipTarget(uri, uri.host.strip("[]"), uri.port or 5060, transport)
+    if transport not in ("udp", "tcp", "tls"):
+        raise ValueError(f"transport={transport} is not supported; use udp, tcp or tls")
+    port = uri.port or (5061 if transport == "tls" else 5060)
+    return SipTarget(uri, uri.host.strip("[]"), port, transport)
 
 
 class SipLink:
-    """Signalling over one connected UDP socket or one TCP connection, around a
+    """Signalling over one connected UDP socket or one TCP or TLS connection, around a
     :class:`TransactionLayer` with one timer (as ``transport.SipTransport`` does for the
     gateway's listeners, which cannot open outbound TCP connections)."""
 
@@ -84,7 +92,7 @@ class SipLink:
         self.clock = clock
         self.owner = owner
         self.layer = TransactionLayer()
-        self.reliable = target.transport == "tcp"
+        self.reliable = target.transport in ("tcp", "tls")
         self.peer = (target.transport, target.host, target.port)
         self.local: tuple[str, int] = ("127.0.0.1", 0)
         self._udp: asyncio.DatagramTransport | None = None
@@ -96,7 +104,14 @@ class SipLink:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         t = self.target
-        if self.reliable:
+        if t.transport == "tls":
+            context = ssl.create_default_context()  # system roots, or SSL_CERT_FILE
+            reader, self._writer = await asyncio.open_connection(
+                t.host, t.port, ssl=context, server_hostname=t.host
+            )
+            self._reader_task = loop.create_task(self._read_tcp(reader))
+            sock = self._writer.get_extra_info("sockname")
+        elif self.reliable:
             reader, self._writer = await asyncio.open_connection(t.host, t.port)
             self._reader_task = loop.create_task(self._read_tcp(reader))
             sock = self._writer.get_extra_info("sockname")

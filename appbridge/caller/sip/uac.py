@@ -244,17 +244,17 @@ class SipTestCaller:
     def _build_invite(self, offer: bytes) -> Request:
         assert self._link is not None
         host, port = self._link.local
-        tcp = self.target.transport == "tcp"
+        kind = self.target.transport
         contact = SipUri(scheme="sip", user="caller", host=host, port=port)
-        if tcp:
-            contact = contact.with_param("transport", "tcp")
+        if kind != "udp":
+            contact = contact.with_param("transport", kind)
         to_uri = SipUri(scheme="sip", user=self.target.uri.user, host=self.target.uri.host)
         if self.target.uri.port is not None:
             to_uri = SipUri(
                 scheme="sip", user=to_uri.user, host=to_uri.host, port=self.target.uri.port
             )
         from_uri = SipUri(scheme="sip", user=self.from_user, host=host)
-        proto = "TCP" if tcp else "UDP"
+        proto = kind.upper()
         headers = Headers(
             [
                 ("Via", f"SIP/2.0/{proto} {host}:{port};branch={new_branch()};rport"),

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from appbridge.calls import intake
+from appbridge.carriers.sip.contact import contact_for
 from appbridge.carriers.sip.dialog import AckTimeout, AnswerRetransmitter, Dialog, DialogError
 from appbridge.carriers.sip.extensions import unsupported_required
-from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
+from appbridge.carriers.sip.headers import NameAddr, SipParseError
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
 from appbridge.carriers.sip.numbers import called_number, caller_number
@@ -45,7 +46,13 @@ from appbridge.carriers.sip.outbound import SipOutbound
 from appbridge.carriers.sip.party import SipCallSignalling, trunk_for_source
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
-from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
+from appbridge.carriers.sip.transport import (
+    SDP_TYPE,
+    Peer,
+    SipTransport,
+    is_stream,
+    via_transport,
+)
 from appbridge.carriers.sip.uac import ALLOW
 
 if TYPE_CHECKING:
@@ -217,12 +224,7 @@ class SipInbound:
         host = self.cfg.public_address or self.transport.local_host
         if host in ("0.0.0.0", "::"):
             host = request.uri.host or "127.0.0.1"
-        kind = "tcp" if peer[0] == "tcp" else "udp"
-        params: tuple[tuple[str, str | None], ...] = (("transport", kind),) if kind == "tcp" else ()
-        port = self.transport.local_port(kind)
-        return NameAddr(
-            uri=SipUri(scheme="sip", user="appbridge", host=host, port=port, params=params)
-        )
+        return contact_for(host, str(peer[0]), self.transport.local_port(str(peer[0])), request)
 
     def _new_invite(self, invite: Request, peer: Peer) -> None:
         call_id = invite.call_id
@@ -320,7 +322,7 @@ class SipInbound:
         sc.leg = leg
         rtp.leg = leg
         sc.dialog = Dialog.from_uas(
-            sc.invite, sc.to_tag, sc.contact, transport="TCP" if sc.peer[0] == "tcp" else "UDP"
+            sc.invite, sc.to_tag, sc.contact, transport=via_transport(sc.peer)
         )
         leg.signalling = self._signalling(sc)
         call.attach_carrier(leg)
@@ -359,7 +361,7 @@ class SipInbound:
         self.transport.send_response(response, sc.peer)
         sc.retransmitter = AnswerRetransmitter(
             response,
-            reliable=sc.peer[0] == "tcp",
+            reliable=is_stream(sc.peer),
             now=self.gw.clock.now(),
             peer=sc.peer,
             timers=self.transport.layer.timers,
@@ -512,7 +514,7 @@ class SipService:
         self, gw: CarrierServices, cfg: SipConfig, layer: TransactionLayer | None = None
     ) -> None:
         self.layer = layer or TransactionLayer()
-        self.transport = SipTransport(cfg.listen, gw.clock, self.layer)
+        self.transport = SipTransport(cfg.listen, gw.clock, self.layer, cfg.tls)
         self.inbound = SipInbound(gw, self.transport, cfg)
         self.outbound = SipOutbound(gw, self.transport, cfg, self.inbound.pool)
         self.inbound.outbound = self.outbound

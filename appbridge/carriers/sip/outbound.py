@@ -8,8 +8,9 @@ module adds what a Call needs around it (RFC 3261 §13.2):
 2. A :class:`~appbridge.calls.call.Call` (direction ``outbound``) is registered at once with the
    state ``dialing``, so ``GET``/``DELETE /v1/calls/{callRef}`` work before the answer. An RTP
    port is taken and the INVITE goes to the trunk with an SDP offer (RFC 3264 §5), over UDP, or
-   over TCP for ``transport = "tcp"`` trunks (one connection per trunk address, RFC 3261
-   §18.1.1; a failed connect answers 502 ``trunk_unreachable``).
+   over TCP or TLS for ``transport = "tcp"``/``"tls"`` trunks (one connection per trunk
+   address, RFC 3261 §18.1.1, RFC 5923; a failed connect or a refused certificate answers 502
+   ``trunk_unreachable``).
 3. Provisional responses (180/183) set the state ``ringing``. A 401/407 is answered once with
    digest credentials of the trunk (RFC 3261 §22.2, ``digest.py``), on a new INVITE with the
    CSeq one higher; the transaction layer already ACKed the challenge (§17.1.1.3).

@@ -5,10 +5,11 @@ Both ``POST /v1/calls`` (``outbound.py``: a Call and an app wait for the answer)
 a call the same way (RFC 3261 §13.2); only what happens around the answer differs, and that is
 the :class:`DialOwner`'s business:
 
-1. :meth:`SipUac.prepare` resolves the trunk, opens its TCP connection when the trunk is
-   ``transport = "tcp"`` (``SipTransport.connect_tcp``), takes an RTP port and builds the INVITE
-   with an SDP offer (RFC 3264 §5); :meth:`SipUac.launch` sends it and arms the no-answer
-   deadline (``timeout_s``).
+1. :meth:`SipUac.prepare` resolves the trunk, opens its TCP or TLS connection when the trunk is
+   ``transport = "tcp"`` or ``"tls"`` (``SipTransport.connect_tcp``/``connect_tls``: a refused
+   certificate fails the dial with a log line naming trunk, address and OpenSSL's reason), takes
+   an RTP port and builds the INVITE with an SDP offer (RFC 3264 §5); :meth:`SipUac.launch`
+   sends it and arms the no-answer deadline (``timeout_s``).
 2. Provisional responses (180/183) tell the owner ``ringing``. A 401/407 is answered once with
    the trunk's digest credentials (RFC 3261 §22.2, ``digest.py``) on a new INVITE, CSeq + 1; the
    transaction layer already ACKed the challenge (§17.1.1.3).
@@ -16,7 +17,7 @@ the :class:`DialOwner`'s business:
    built on the RTP port, and the owner told ``answered``.
 4. Outcomes before an answer: ``busy`` (486, 600, 603), ``no-answer`` (the deadline, where we
    CANCEL, §9.1; or 408/480), ``failed`` (any other final response, Timer B, a failed challenge,
-   an unusable SDP answer, a lost TCP connection) and ``canceled`` (the owner gave up: we
+   an unusable SDP answer, a lost TCP or TLS connection) and ``canceled`` (the owner gave up: we
    CANCEL). A CANCEL waits for the first provisional response (§9.1); a 2xx that arrives after
    we gave up is ACKed and ended with a BYE (§15).
 5. After the answer: the callee's BYE closes the leg and tells the owner (``caller_hangup``,
@@ -34,11 +35,13 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from appbridge.carriers.sip.contact import contact_for, transport_params, via_for
 from appbridge.carriers.sip.dialog import Dialog, DialogError
 from appbridge.carriers.sip.digest import DigestChallenge, DigestError, authorization
 from appbridge.carriers.sip.headers import NameAddr, SipParseError, SipUri
@@ -47,8 +50,9 @@ from appbridge.carriers.sip.message import Headers, Request, Response, new_branc
 from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.refer import ReferClient
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
+from appbridge.carriers.sip.tls import describe_tls_error
 from appbridge.carriers.sip.transaction import make_cancel
-from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport
+from appbridge.carriers.sip.transport import SDP_TYPE, Peer, SipTransport, is_stream
 from appbridge.clock import Clock
 
 if TYPE_CHECKING:
@@ -65,7 +69,7 @@ NO_ANSWER_STATUSES = frozenset({408, 480})
 
 class UacError(Exception):
     """The INVITE could not even be sent: ``code`` is ``unavailable`` (no RTP port) or
-    ``trunk_unreachable`` (name resolution or the TCP connection failed)."""
+    ``trunk_unreachable`` (name resolution, the TCP connection or the TLS handshake failed)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -156,31 +160,20 @@ class SipUac:
     ) -> UacDial:
         """Everything up to the INVITE, not yet sent (module doc, step 1). Raises
         :class:`UacError`."""
-        address = await self._resolve(trunk.host, trunk.port)
-        peer: Peer
-        if trunk.transport == "tcp":
-            try:
-                peer = await self.transport.connect_tcp(address, trunk.port)
-            except (OSError, TimeoutError) as exc:
-                raise UacError(
-                    "trunk_unreachable", f"cannot connect to {trunk.host}:{trunk.port} over TCP"
-                ) from exc
-            via_port = self.transport.tcp_sent_by_port(peer)
-        else:
-            peer = ("udp", address, trunk.port)
-            via_port = self.transport.local_port("udp")
+        peer = await self._connect(trunk)
+        via_port = (
+            self.transport.tcp_sent_by_port(peer)
+            if is_stream(peer)
+            else self.transport.local_port("udp")
+        )
         opened = await open_rtp(self.transport.local_host, self.pool, self.clock)
         if opened is None:
             raise UacError("unavailable", "no RTP port available")
         rtp_port, rtp = opened
         host = self.cfg.public_address or self.transport.local_host
-        kind = "TCP" if peer[0] == "tcp" else "UDP"
-        params: tuple[tuple[str, str | None], ...] = (
-            (("transport", "tcp"),) if kind == "TCP" else ()
-        )
-        contact = NameAddr(
-            uri=SipUri(scheme="sip", user="appbridge", host=host, port=via_port, params=params)
-        )
+        kind = str(peer[0])
+        params = transport_params(kind)
+        contact = contact_for(host, kind, via_port)
         negotiator = SdpNegotiator(
             local_address=self.transport.local_host,
             rtp_port=rtp_port,
@@ -191,7 +184,7 @@ class SipUac:
         uri = SipUri(scheme="sip", user=to_user, host=trunk.host, port=trunk.port, params=params)
         h = Headers(
             [
-                ("Via", f"SIP/2.0/{kind} {host}:{via_port};branch={new_branch()};rport"),
+                ("Via", via_for(kind, host, via_port)),
                 ("Max-Forwards", "70"),
                 ("From", f"<{SipUri(scheme='sip', user=from_user, host=host)}>;tag={new_tag()}"),
                 ("To", f"<{SipUri(scheme='sip', user=to_user, host=trunk.host)}>"),
@@ -217,6 +210,31 @@ class SipUac:
         self.transport.send_request(d.invite, d.peer)
         log.info("%s: INVITE to %s via trunk %s", d.label, d.invite.uri, d.trunk.name)
 
+    async def _connect(self, trunk: SipTrunk) -> Peer:
+        """The trunk's peer: its address over UDP, or its (reused) TCP or TLS connection.
+        Raises :class:`UacError` ``trunk_unreachable``; a TLS failure is also logged with the
+        trunk's name and OpenSSL's reason, for the operator (docs/sip.md, "TLS and SRTP
+        trunks")."""
+        address = await self._resolve(trunk.host, trunk.port)
+        where = f"{trunk.host}:{trunk.port}"
+        if trunk.transport == "tcp":
+            try:
+                return await self.transport.connect_tcp(address, trunk.port)
+            except (OSError, TimeoutError) as exc:
+                raise UacError("trunk_unreachable", f"cannot connect to {where} over TCP") from exc
+        if trunk.transport == "tls":
+            try:
+                return await self.transport.connect_tls(address, trunk.port, trunk.host)
+            except ssl.SSLError as exc:
+                reason = describe_tls_error(exc)
+                log.warning("sip: TLS to trunk %r (%s) refused: %s", trunk.name, where, reason)
+                raise UacError("trunk_unreachable", f"TLS to {where} refused: {reason}") from exc
+            except (OSError, TimeoutError) as exc:
+                reason = describe_tls_error(exc)
+                log.warning("sip: TLS to trunk %r (%s) failed: %s", trunk.name, where, reason)
+                raise UacError("trunk_unreachable", f"cannot connect to {where} over TLS") from exc
+        return ("udp", address, trunk.port)
+
     def discard(self, d: UacDial) -> None:
         """A prepared dial that will not be launched: its RTP port goes back."""
         self.release(d)
@@ -238,7 +256,8 @@ class SipUac:
     def _via(self, d: UacDial) -> str:
         """A fresh top Via like the first INVITE's (a digest retry is a new transaction)."""
         old = d.invite.top_via
-        return f"SIP/2.0/{old.transport} {old.sent_by};branch={new_branch()};rport"
+        via = f"SIP/2.0/{old.transport} {old.sent_by};branch={new_branch()};rport"
+        return via + ";alias" if old.has_param("alias") else via
 
     # -- TransactionUser (through SipInbound) --------------------------------------------------
     def on_message(self, message: Request | Response, peer: Peer, now: float) -> bool:
@@ -403,9 +422,9 @@ class SipUac:
         owner.answered(d, leg)
 
     def dialog_peer(self, d: UacDial) -> Peer:
-        """Where in-dialog requests go: over TCP the trunk's connection; over UDP the next
-        hop's address when it is an IP literal, else the trunk."""
-        if d.dialog is None or d.peer[0] == "tcp":
+        """Where in-dialog requests go: over TCP or TLS the trunk's connection; over UDP the
+        next hop's address when it is an IP literal, else the trunk."""
+        if d.dialog is None or is_stream(d.peer):
             return d.peer
         hop = d.dialog.next_hop()
         try:
