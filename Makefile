@@ -44,8 +44,12 @@ install: $(STAMP)
 install-test: $(TEST_STAMP)
 	bash deploy/install-test-peers.sh
 
-run: install
-	$(BIN)/appbridge serve $(if $(CONFIG),--config $(CONFIG),)
+# A current compiled build serves at once; otherwise deploy/first-run.py serves interpreted now and
+# compiles in the background, so that a fresh clone answers /healthz within seconds of its deps.
+SERVE_ARGS := $(if $(CONFIG),--config $(CONFIG),)
+run: $(DEPS_STAMP)
+	@if $(MAKE) -s -q $(STAMP) 2>/dev/null; then exec $(BIN)/appbridge serve $(SERVE_ARGS); \
+	else exec $(BIN)/python deploy/first-run.py $(STAMP) $(SERVE_ARGS); fi
 
 lint: install-test
 	$(BIN)/ruff check appbridge tests bench examples
