@@ -207,6 +207,7 @@ class SipRegistrations:
         except (OSError, TimeoutError) as exc:
             if entry.address != entry.trunk.host:
                 entry.address = None  # a name: resolve it again on the next attempt
+            log.warning("sip: trunk %s unreachable for its registration: %s", entry.trunk.name, exc)
             now = self.clock.now()
             if isinstance(effect, SendKeepalive):
                 self._run(entry, core.keepalive_failed(now, f"keepalive: {exc or 'timeout'}"))
