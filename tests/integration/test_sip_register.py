@@ -120,6 +120,10 @@ password = "{password}"
 register = true
 register_expires_s = 60
 
+[[sip.trunks]]
+name = "plain"
+host = "127.0.0.9"
+
 [media]
 allow_private = true
 
@@ -389,7 +393,8 @@ async def test_registers_refreshes_takes_a_call_and_unregisters(tmp_path: Path) 
     async with registered_gateway(tmp_path, transport="udp", algorithm="SHA-256") as (kam, gw):
         await until(lambda: _bound(kam), 15, "the gateway's binding in Kamailio")
         await until(lambda: _state_is(gw, "registered"), 5, "registered in /v1/trunks")
-        trunk = (await gw.trunks())[0]
+        trunk, plain = await gw.trunks()
+        assert plain["registration"] == {"state": "disabled"} and plain["register"] is False
         assert trunk["name"] == "registrar" and trunk["register"] is True
         assert trunk["transport"] == "udp" and "password" not in str(trunk)
         registration = trunk["registration"]
@@ -399,6 +404,10 @@ async def test_registers_refreshes_takes_a_call_and_unregisters(tmp_path: Path) 
         assert first is not None
         await until(lambda: _refreshed(kam, first), 12, "a refresh within the 10 s grant")
         assert await gw.state() == "registered"
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as client:
+            assert (await client.get("/v1/trunks")).status_code == 401
+            metrics = (await client.get("/metrics")).text
+        assert 'appbridge_sip_registrations{state="registered"} 1.0' in metrics
 
         await _call_through_registrar(tmp_path, kam, "udp")
         assert len(gw.app.sessions) == 1

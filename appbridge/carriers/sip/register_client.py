@@ -85,11 +85,13 @@ class SipRegistrations:
         cfg: SipConfig,
         *,
         rand: Callable[[], float] = random.random,
+        unregister_wait_s: float = UNREGISTER_WAIT_S,
     ) -> None:
         self.clock = clock
         self.transport = transport
         self.cfg = cfg
         self.rand = rand
+        self.unregister_wait_s = unregister_wait_s
         self.entries: list[TrunkRegistration] = []
         self.by_call_id: dict[str, TrunkRegistration] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -112,11 +114,11 @@ class SipRegistrations:
             self._run(entry, entry.core.start(self.clock.now()))
 
     async def stop(self) -> None:
-        """Unregister every trunk, bounded by ``UNREGISTER_WAIT_S`` (module doc)."""
+        """Unregister every trunk, waiting at most ``unregister_wait_s`` (module doc)."""
         now = self.clock.now()
         for entry in self.entries:
             self._run(entry, entry.core.stop(now))
-        deadline = time.monotonic() + UNREGISTER_WAIT_S
+        deadline = time.monotonic() + self.unregister_wait_s
         while not all(e.core.done for e in self.entries):
             left = deadline - time.monotonic()
             if left <= 0:
