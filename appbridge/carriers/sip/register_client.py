@@ -141,7 +141,7 @@ class SipRegistrations:
         host = self.cfg.public_address or self.transport.local_host
         if host in ("0.0.0.0", "::"):
             host = _local_ip_toward(address) if address is not None else "127.0.0.1"
-        port = self.transport.local_port("tcp" if kind != "udp" else "udp")
+        port = self.transport.local_port(kind)  # the listener the registrar will call
         params: tuple[tuple[str, str | None], ...] = (("transport", kind),) if kind != "udp" else ()
         assert trunk.username is not None and trunk.password is not None
         contact = SipUri(scheme="sip", user=trunk.username, host=host, port=port, params=params)
