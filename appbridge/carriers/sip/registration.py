@@ -30,9 +30,9 @@ the effects it returns (:class:`SendRequest`, :class:`SendKeepalive`). Inputs:
 
 Backoff after a failure: ``retry_base_s`` (5 s) doubling per consecutive failure up to
 ``retry_max_s`` (300 s), scaled by ``0.8 + 0.2 * random()`` from the injected random source; a
-``Retry-After`` on the failure (RFC 3261 §20.33) replaces it. Keepalives run while registered,
-every ``keepalive_s`` (30 s): a double CRLF over TCP and TLS (RFC 5626 §3.5.1, §4.4.1), an
-OPTIONS over UDP (any response proves the path; only its timeout fails).
+``Retry-After`` on the failure (RFC 3261 §20.33) replaces it, up to an hour. Keepalives run
+while registered, every ``keepalive_s`` (30 s): a double CRLF over TCP and TLS (RFC 5626
+§3.5.1, §4.4.1), an OPTIONS over UDP (any response proves the path; only its timeout fails).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ KEEPALIVE_S = 30.0
 REFRESH_MARGIN_S = 30.0
 MAX_CHALLENGES = 3  # answered challenges in a row before giving up (each new nonce once)
 JITTER = 0.2
+RETRY_AFTER_MAX_S = 3600.0  # a Retry-After longer than this is taken as this
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
 
 
@@ -127,7 +128,7 @@ def retry_after(response: Response) -> float | None:
     if value is None:
         return None
     head = value.split(";", 1)[0].split("(", 1)[0].strip()
-    return float(head) if head.isdigit() else None
+    return min(float(head), RETRY_AFTER_MAX_S) if head.isdigit() else None
 
 
 class RegistrationCore:

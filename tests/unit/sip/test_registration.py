@@ -259,6 +259,44 @@ def test_retry_after_is_honoured() -> None:
     assert c.next_attempt_at() == T0 + 120
 
 
+def test_retry_after_is_bounded_and_garbage_falls_back_to_the_backoff() -> None:
+    c = core()
+    request = sent(c.start(T0))
+    c.on_response(answer(request, 503, ("Retry-After", "99999999")), T0)
+    assert c.retry_at == T0 + 3600
+    request = sent(c.on_timer(T0 + 3600))
+    c.on_response(answer(request, 503, ("Retry-After", "soon")), T0 + 3600)
+    assert c.retry_at == T0 + 3600 + 10  # the second failure in a row
+
+
+@pytest.mark.parametrize(
+    ("headers", "error"),
+    [
+        ((), "401: no usable Digest challenge"),
+        ((("WWW-Authenticate", "Basic realm=x"),), "401: no usable Digest challenge"),
+        ((("WWW-Authenticate", 'Digest realm="r"'),), "401: no usable Digest challenge"),
+        (
+            (("WWW-Authenticate", 'Digest realm="r", nonce="n", algorithm=SHA-512'),),
+            "401: no usable Digest challenge",
+        ),
+    ],
+)
+def test_a_challenge_we_cannot_answer_is_a_failure(
+    headers: tuple[tuple[str, str], ...], error: str
+) -> None:
+    c = core()
+    request = sent(c.start(T0))
+    assert c.on_response(answer(request, 401, *headers), T0) == []
+    assert c.state is RegState.FAILED and c.last_error == error
+
+
+def test_a_malformed_contact_in_the_200_falls_back_to_expires() -> None:
+    c = core()
+    request = sent(c.start(T0))
+    c.on_response(answer(request, 200, ("Contact", "<<<"), ("Expires", "90")), T0)
+    assert c.state is RegState.REGISTERED and c.expires_at == T0 + 90
+
+
 def test_timeout_and_transport_error_fail_with_their_text() -> None:
     c = core()
     request = sent(c.start(T0))
