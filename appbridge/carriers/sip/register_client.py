@@ -168,10 +168,13 @@ class SipRegistrations:
         except ValueError:
             pass
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+            infos = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(
+                    host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+                ),
+                CONNECT_TIMEOUT_S,
             )
-        except OSError:
+        except (OSError, TimeoutError):
             return None
         return str(infos[0][4][0]) if infos else None
 
