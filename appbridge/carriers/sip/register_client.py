@@ -212,13 +212,15 @@ class SipRegistrations:
         except (OSError, TimeoutError) as exc:
             if entry.address != entry.trunk.host:
                 entry.address = None  # a name: resolve it again on the next attempt
-            log.warning("sip: trunk %s unreachable for its registration: %s", entry.trunk.name, exc)
+            reason = str(exc) or "timed out"
+            log.warning(
+                "sip: trunk %s unreachable for its registration: %s", entry.trunk.name, reason
+            )
             now = self.clock.now()
             if isinstance(effect, SendKeepalive):
-                self._run(entry, core.keepalive_failed(now, f"keepalive: {exc or 'timeout'}"))
+                self._run(entry, core.keepalive_failed(now, f"keepalive: {reason}"))
             else:
-                error = f"transport: {exc or 'timeout'}"
-                self._run(entry, core.on_failure(effect.request, now, error))
+                self._run(entry, core.on_failure(effect.request, now, f"transport: {reason}"))
             return
         if isinstance(effect, SendKeepalive):
             if peer != entry.flow:

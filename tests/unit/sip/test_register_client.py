@@ -170,3 +170,65 @@ def test_trunks_without_a_running_service() -> None:
     trunks = describe_without_service(config())
     assert [t["registration"]["state"] for t in trunks] == ["disabled", "unregistered"]
     assert trunks[1]["register"] is True and trunks[1]["transport"] == "udp"
+
+
+class RefusingTransport(RecordingTransport):
+    """A TCP trunk whose connection is refused, then accepted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = True
+        self.connects = 0
+
+    async def connect_tcp(self, host: str, port: int, timeout_s: float = 5.0) -> Peer:
+        self.connects += 1
+        if self.refuse:
+            raise ConnectionRefusedError("connection refused")
+        return ("tcp", self.connects)
+
+
+async def test_a_refused_tcp_connection_fails_and_a_lost_one_re_registers() -> None:
+    clock = VirtualClock()
+    transport = RefusingTransport()
+    trunk = SipTrunk(
+        name="tcp",
+        host="198.51.100.40",
+        transport="tcp",
+        username="u",
+        password="p",
+        register=True,
+    )
+    cfg = SipConfig(("tcp:0.0.0.0:5062",), (40000, 40100), "203.0.113.7", (trunk,))
+    regs = SipRegistrations(
+        clock,
+        transport,  # type: ignore[arg-type]
+        cfg,
+        rand=lambda: 1.0,
+        unregister_wait_s=0.05,
+    )
+    try:
+        await regs.start()
+        await asyncio.sleep(0)
+        registration = regs.describe()[0]["registration"]
+        assert registration["state"] == "failed"
+        assert registration["lastError"] == "transport: connection refused"
+        assert registration["contact"] == "sip:u@203.0.113.7:5062;transport=tcp"
+        transport.refuse = False
+        core = regs.entries[0].core
+        clock.advance(5)
+        regs._fire()  # the retry timer
+        await asyncio.sleep(0)
+        request, peer = transport.requests[-1]
+        assert peer == ("tcp", 2) and request.top_via.transport == "TCP"
+        regs.on_message(make_response(request, 200), peer, clock.now())
+        assert core.state.value == "registered"
+        # The keepalive finds a new connection: the flow was lost, register again on it.
+        clock.advance(30)
+        regs._fire()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        again, again_peer = transport.requests[-1]
+        assert again.method == "REGISTER" and again.cseq.seq == request.cseq.seq + 1
+        assert again_peer == ("tcp", 4)
+    finally:
+        await regs.stop()
