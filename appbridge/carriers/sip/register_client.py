@@ -201,7 +201,7 @@ class SipRegistrations:
             connect_tls = getattr(self.transport, "connect_tls", None)
             if connect_tls is None:
                 raise OSError("SIP over TLS is not available")
-            peer: Peer = await connect_tls(entry.address, trunk.port, server_name=trunk.host)
+            peer: Peer = await connect_tls(entry.address, trunk.port, server_hostname=trunk.host)
             return peer
         return await self.transport.connect_tcp(entry.address, trunk.port, CONNECT_TIMEOUT_S)
 
