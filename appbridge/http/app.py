@@ -6,6 +6,7 @@ http/routes_twilio.py (Twilio's webhooks, the Twilio-compatible hang-up and the 
 docs/protocol-twilio.md); with ``[cluster]`` the last two add the owner's half of what the
 other nodes forward, under ``/internal`` (docs/scaling.md). ``WS /twilio/stream`` is normally
 served before this application sees it, on the WebSocket fast path (http/uvicorn_server.py).
+``GET /v1/trunks`` is http/routes_trunks.py (docs/sip.md, "Registering with a trunk").
 Every error answer is JSON (http/errors.py), including unknown routes and wrong methods.
 """
 
@@ -20,6 +21,7 @@ from appbridge.gateway import Gateway
 from appbridge.http.errors import http_error, server_error
 from appbridge.http.routes_calls import calls_routes, internal_calls_routes
 from appbridge.http.routes_ops import ops_routes
+from appbridge.http.routes_trunks import trunks_routes
 from appbridge.http.routes_twilio import internal_twilio_routes, twilio_routes
 
 
@@ -27,6 +29,7 @@ def build_app(gw: Gateway) -> Starlette:
     routes: list[BaseRoute] = [
         *ops_routes(gw),
         *calls_routes(gw),
+        *trunks_routes(gw),
         *twilio_routes(gw),
         *internal_calls_routes(gw),
         *internal_twilio_routes(gw),

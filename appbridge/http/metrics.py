@@ -63,6 +63,19 @@ class GatewayCollector:
         yield from self._tts_cache()
         yield from self._gc()
         yield from self._node()
+        yield from self._registrations()
+
+    def _registrations(self) -> Iterator[Metric]:
+        """Registering trunks per state (docs/sip.md, "Registering with a trunk")."""
+        sip = self.gw.sip
+        if sip is None or not sip.registrations.entries:
+            return
+        family = GaugeMetricFamily(
+            "appbridge_sip_registrations", "Registering SIP trunks, by state.", labels=("state",)
+        )
+        for state, count in sip.registrations.counts().items():
+            family.add_metric((state,), count)
+        yield family
 
     def _node(self) -> Iterator[Metric]:
         gw = self.gw

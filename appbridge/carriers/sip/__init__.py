@@ -8,6 +8,7 @@ Signalling, from the wire up (each module documents its API):
 - :mod:`.dialog` - dialogs (§12), in-dialog requests, 2xx retransmission and ACK (§13).
 - :mod:`.digest` - HTTP digest authentication for outbound calls (RFC 2617 / RFC 7616).
 - :mod:`.numbers` - caller and callee numbers for ``session.start``.
+- :mod:`.registration` - keeping a registration with a trunk (RFC 3261 §10).
 
 None of them does I/O or reads a clock: the asyncio shell owns the sockets and passes ``now``.
 What the shell does with them, per datagram or stream chunk:
@@ -32,5 +33,6 @@ The shell: :mod:`.transport` (UDP/TCP/TLS sockets, the one timer), :mod:`.tls` (
 contexts), :mod:`.contact` (our Via and Contact per transport), :mod:`.inbound` (the UAS call
 flow, ``SipService``), :mod:`.uac` (the one UAC INVITE flow), :mod:`.outbound`
 (``POST /v1/calls``), :mod:`.party` (a transfer's party leg and REFER for a call) and
-:mod:`.leg` (``SipLeg``, the carrier leg on RTP).
+:mod:`.leg` (``SipLeg``, the carrier leg on RTP); :mod:`.register_client` keeps the trunks'
+registrations.
 """

@@ -4,9 +4,11 @@ cores.
 Flow of one call (RFC 3261 §13.3, RFC 3264 §6):
 
 1. INVITE from an allowed source (a trunk's ``host`` or ``allow`` network; loopback only when no
-   trunk is configured; docs/sip.md, "Trunks and who may call"), else 403. The Request-URI user part
-   routes the call (``Config.route``), else 404. The SDP offer is answered with PCMU or PCMA plus
-   telephone-event; no common codec is 488 (RFC 3264 §6), a broken body 400.
+   trunk is configured; docs/sip.md, "Trunks and who may call"), or one that arrived on a trunk's
+   registration (``register_client.py``), else 403. The Request-URI user part routes the call
+   (``Config.route``; the To header's when the Request-URI is our registered Contact), else 404.
+   The SDP offer is answered with PCMU or PCMA plus telephone-event; no common codec is 488
+   (RFC 3264 §6), a broken body 400.
 2. 100 Trying at once, an RTP port from ``rtp_ports``, then 180 Ringing (with our To tag) while
    the app is dialed through its 2.5 s retry window (docs/protocol-session-v1.md,
    "Connection and frames").
@@ -40,10 +42,11 @@ from appbridge.carriers.sip.extensions import unsupported_required
 from appbridge.carriers.sip.headers import NameAddr, SipParseError
 from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, SipLeg, open_rtp
 from appbridge.carriers.sip.message import Request, Response, make_response, new_tag
-from appbridge.carriers.sip.numbers import called_number, caller_number
+from appbridge.carriers.sip.numbers import called_number, caller_number, to_header_number
 from appbridge.carriers.sip.offer_answer import NegotiatedAudio, OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.outbound import SipOutbound
 from appbridge.carriers.sip.party import SipCallSignalling, trunk_for_source
+from appbridge.carriers.sip.register_client import SipRegistrations
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
 from appbridge.carriers.sip.transport import (
@@ -58,7 +61,7 @@ from appbridge.carriers.sip.uac import ALLOW
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
     from appbridge.carriers.services import CarrierServices
-    from appbridge.config import SipConfig
+    from appbridge.config import SipConfig, SipTrunk
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ class SipInbound:
         self.calls: dict[str, SipCall] = {}  # by Call-ID
         self.rejected: dict[int, int] = {}  # status → count
         self.outbound: SipOutbound | None = None  # outbound calls' messages go there first
+        self.registrations: SipRegistrations | None = None  # REGISTER answers go there first
 
     # -- admission ---------------------------------------------------------------------------
     def source_allowed(self, host: str) -> bool:
@@ -124,6 +128,9 @@ class SipInbound:
 
     # -- TransactionUser -------------------------------------------------------------------------
     def on_message(self, message: Request | Response, peer: Peer, now: float) -> None:
+        regs = self.registrations
+        if regs is not None and regs.on_message(message, peer, now):
+            return
         if isinstance(message, Request) and message.method in _ALLOWED:
             unsupported = unsupported_required(message)
             if unsupported:  # RFC 3261 §8.2.2.3 (after §8.2.1's 405), calls in both directions
@@ -158,6 +165,8 @@ class SipInbound:
                 self._respond(message, peer, 400, exc.reason)
 
     def on_timeout(self, request: Request, now: float) -> None:
+        if self.registrations is not None and self.registrations.on_timeout(request, now):
+            return
         if self.outbound is not None and self.outbound.on_timeout(request, now):
             return
         log.debug("sip: %s %s timed out", request.method, request.call_id)
@@ -231,12 +240,14 @@ class SipInbound:
         if call_id in self.calls:
             return  # a retransmission the transaction layer did not absorb (a new branch)
         via = invite.top_via
-        if not self.source_allowed(via.received or via.host):
+        registered = self._registered(invite, peer)
+        if registered is None and not self.source_allowed(via.received or via.host):
             self._respond(invite, peer, 403)
             return
         gw = self.gw
         config = gw.config
-        called = called_number(invite)
+        by_contact = registered is not None and registered[1]
+        called = to_header_number(invite) if by_contact else called_number(invite)
         app = config.route(called or "")
         if app is None:
             self._respond(invite, peer, 404)
@@ -329,16 +340,23 @@ class SipInbound:
         self._send_answer(sc, sc.invite, answer.serialize())
         sc.answered = True
 
+    def _registered(self, invite: Request, peer: Peer) -> tuple[SipTrunk, bool] | None:
+        regs = self.registrations
+        return regs.trunk_for_invite(invite, peer) if regs is not None else None
+
     def _signalling(self, sc: SipCall) -> SipCallSignalling | None:
         """Transfers of this call (``party.py``): the trunk it came from, its dialog."""
         uac = self.outbound
         if uac is None:
             return None
         via = sc.invite.top_via
+        registered = self._registered(sc.invite, sc.peer)
         return SipCallSignalling(
             uac=uac,
             trunks=self.cfg.trunks,
-            trunk=trunk_for_source(self.cfg.trunks, via.received or via.host),
+            trunk=registered[0]
+            if registered is not None
+            else trunk_for_source(self.cfg.trunks, via.received or via.host),
             label=f"call {sc.call.call_ref}",
             dialog=lambda: sc.dialog if not sc.finished else None,
             send=lambda request: self.transport.send_request(request, sc.peer),
@@ -518,12 +536,16 @@ class SipService:
         self.inbound = SipInbound(gw, self.transport, cfg)
         self.outbound = SipOutbound(gw, self.transport, cfg, self.inbound.pool)
         self.inbound.outbound = self.outbound
+        self.registrations = SipRegistrations(gw.clock, self.transport, cfg)
+        self.inbound.registrations = self.registrations
         self.transport.user = self.inbound
 
     async def start(self) -> None:
         await self.transport.start()
+        await self.registrations.start()
 
     async def stop(self) -> None:
+        await self.registrations.stop()  # unregister first, bounded (docs/sip.md)
         self.outbound.close()
         for sc in list(self.inbound.calls.values()):
             if sc.cleanup is not None:
