@@ -25,6 +25,7 @@ import asyncio
 import ipaddress
 import logging
 import random
+import secrets
 import socket
 import time
 import uuid
@@ -144,7 +145,9 @@ class SipRegistrations:
         port = self.transport.local_port(kind)  # the listener the registrar will call
         params: tuple[tuple[str, str | None], ...] = (("transport", kind),) if kind != "udp" else ()
         assert trunk.username is not None and trunk.password is not None
-        contact = SipUri(scheme="sip", user=trunk.username, host=host, port=port, params=params)
+        # An unguessable Contact user: it admits calls from any address (docs/sip.md).
+        user = f"{trunk.username}-{secrets.token_hex(8)}"
+        contact = SipUri(scheme="sip", user=user, host=host, port=port, params=params)
         return RegistrationParams(
             username=trunk.username,
             password=trunk.password,

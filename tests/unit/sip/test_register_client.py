@@ -5,6 +5,7 @@ shows (docs/sip.md, "Registering with a trunk")."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from appbridge.carriers.sip.message import Request, make_response, parse_message
@@ -84,7 +85,9 @@ async def test_start_sends_the_first_register_to_the_trunk_with_our_public_conta
         [(request, peer)] = transport.requests
         assert peer == ("udp", "198.51.100.20", 5060)
         assert str(request.uri) == "sip:198.51.100.20"
-        assert str(request.contacts[0].uri) == "sip:gw-user@203.0.113.7:5062"
+        assert re.fullmatch(
+            r"sip:gw-user-[0-9a-f]{16}@203\.0\.113\.7:5062", str(request.contacts[0].uri)
+        )
         assert request.headers.get("Expires") == "600"
         assert request.top_via.sent_by == "203.0.113.7:5062"
     finally:
@@ -101,7 +104,7 @@ async def test_a_200_registers_and_the_api_shows_it_without_the_password() -> No
         assert trunks[0]["registration"] == {"state": "disabled"}
         registration: dict[str, Any] = trunks[1]["registration"]
         assert registration["state"] == "registered"
-        assert registration["contact"] == "sip:gw-user@203.0.113.7:5062"
+        assert registration["contact"] == str(request.contacts[0].uri)
         assert registration["expiresAt"] == "2023-11-14T22:23:20Z"  # wall start + 600 s
         assert "do-not-show" not in repr(trunks)
         assert regs.counts() == {
@@ -134,7 +137,10 @@ async def test_invites_on_the_registration_belong_to_the_trunk() -> None:
         request, peer = transport.requests[0]
         regs.on_message(make_response(request, 200), peer, clock.now())
         # Request-URI = our Contact, from anywhere: the trunk, called number from To.
-        by_contact = invite("sip:gw-user@203.0.113.7:5062", "192.0.2.99")
+        contact = str(request.contacts[0].uri)
+        guessed = invite("sip:gw-user@203.0.113.7:5062", "192.0.2.99")  # the bare username
+        assert regs.trunk_for_invite(guessed, ("udp", "192.0.2.99", 5060)) is None
+        by_contact = invite(contact, "192.0.2.99")
         assert regs.trunk_for_invite(by_contact, ("udp", "192.0.2.99", 5060)) == (
             REGISTRAR,
             True,
@@ -212,7 +218,9 @@ async def test_a_refused_tcp_connection_fails_and_a_lost_one_re_registers() -> N
         registration = regs.describe()[0]["registration"]
         assert registration["state"] == "failed"
         assert registration["lastError"] == "transport: connection refused"
-        assert registration["contact"] == "sip:u@203.0.113.7:5062;transport=tcp"
+        assert re.fullmatch(
+            r"sip:u-[0-9a-f]{16}@203\.0\.113\.7:5062;transport=tcp", registration["contact"]
+        )
         transport.refuse = False
         core = regs.entries[0].core
         clock.advance(5)
