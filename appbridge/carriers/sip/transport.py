@@ -187,12 +187,17 @@ class SipTransport:
                 await self._open(proto, host, int(port_text))
             except OSError as exc:
                 raise ListenError("sip.listen", entry, exc) from None
-        log.info(
-            "sip: listening on udp %s tcp %s tls %s",
-            self.udp_addresses,
-            self.tcp_addresses,
-            self.tls_addresses,
+        kinds = (
+            ("udp", self.udp_addresses),
+            ("tcp", self.tcp_addresses),
+            ("tls", self.tls_addresses),
         )
+        listening = "; ".join(
+            f"{kind} {', '.join(f'{h}:{p}' for h, p, *_ in addresses)}"
+            for kind, addresses in kinds
+            if addresses
+        )
+        log.info("sip: listening on %s", listening)
 
     async def _open(self, proto: str, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
