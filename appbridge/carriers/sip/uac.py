@@ -186,6 +186,7 @@ class SipUac:
             rtp_port=rtp_port,
             public_address=self.cfg.public_address,
             codecs=LEG_CODECS,
+            srtp=trunk.srtp,
         )
         offer = negotiator.create_offer().serialize()
         uri = SipUri(scheme="sip", user=to_user, host=trunk.host, port=trunk.port, params=params)
