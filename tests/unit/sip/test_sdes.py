@@ -261,6 +261,17 @@ def test_an_answer_with_a_tag_we_did_not_offer_fails(policy: SrtpPolicy) -> None
         neg.process_answer(suite)
 
 
+def test_no_key_in_the_negotiated_repr() -> None:
+    _, negotiated = negotiator("required").create_answer(
+        SessionDescription.parse(offer("RTP/SAVP", GOOD))
+    )
+    assert negotiated.srtp is not None
+    text = repr(negotiated)
+    assert "SrtpKeys(suite='AES_CM_128_HMAC_SHA1_80', tag=1)" in text
+    assert B64 not in text and repr(KEY) not in text
+    assert repr(negotiated.srtp.send_key) not in text
+
+
 def test_no_key_is_logged_by_negotiation(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     neg = negotiator("required")
