@@ -197,11 +197,13 @@ def check_capture(
 # -- the gateway ----------------------------------------------------------------------------
 
 
-def srtp_sip(rtp_low: int, trunk_port: int) -> dict[str, object]:
+def srtp_sip(rtp_low: int, trunk_port: int, srtp: str | None = "required") -> dict[str, object]:
+    """``[sip]`` with one trunk at ``trunk_port`` with this ``srtp``; None: no trunk at all."""
+    trunk = {"name": "main", "host": "127.0.0.1", "port": trunk_port, "srtp": srtp}
     return {
         "listen": [f"udp:127.0.0.1:{free_port()}"],
         "rtp_ports": [rtp_low, rtp_low + 99],
-        "trunks": [{"name": "main", "host": "127.0.0.1", "port": trunk_port, "srtp": "required"}],
+        "trunks": [trunk] if srtp is not None else [],
     }
 
 
@@ -223,7 +225,14 @@ def caller_wav(tmp: Path) -> Path:
     )
 
 
-async def test_baresip_calls_in_with_mandatory_srtp(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("srtp", "rtp_low"),
+    [("required", 45_000), (None, 45_800)],
+    ids=["required-trunk", "no-trunk-follows-the-offer"],
+)
+async def test_baresip_calls_in_with_mandatory_srtp(
+    tmp_path: Path, srtp: str | None, rtp_low: int
+) -> None:
     require_baresip()
     require_tcpdump()
     caller = Baresip(
@@ -235,10 +244,11 @@ async def test_baresip_calls_in_with_mandatory_srtp(tmp_path: Path) -> None:
     )
     async with (
         gateway_env(
-            sip=srtp_sip(45_000, caller.sip_port), numbers=[{"number": ROUTED, "app": "main"}]
+            sip=srtp_sip(rtp_low, caller.sip_port, srtp),
+            numbers=[{"number": ROUTED, "app": "main"}],
         ) as env,
         caller,
-        capture(tmp_path / "in.pcap", 45_000, 45_099),
+        capture(tmp_path / "in.pcap", rtp_low, rtp_low + 99),
     ):
         await caller.dial(f"sip:{ROUTED}@127.0.0.1:{gateway_sip_port(env)}")
         session = await env.app.next_session(timeout=10)
@@ -258,6 +268,27 @@ async def test_baresip_calls_in_with_mandatory_srtp(tmp_path: Path) -> None:
         heard = await recording(caller)
         assert_heard_app_tone(heard, 600, caller)
     check_capture(tmp_path / "in.pcap", gw_port, keys, 600, 1000)
+
+
+async def test_an_off_trunk_refuses_baresip_mandatory_srtp(tmp_path: Path) -> None:
+    require_baresip()
+    caller = Baresip(
+        tmp_path / "caller", user="+15550003333", codecs=("PCMU",), mediaenc="srtp-mand"
+    )
+    async with (
+        gateway_env(
+            sip=srtp_sip(46_000, caller.sip_port, "off"),
+            numbers=[{"number": ROUTED, "app": "main"}],
+        ) as env,
+        caller,
+    ):
+        await caller.dial(f"sip:{ROUTED}@127.0.0.1:{gateway_sip_port(env)}")
+        await caller.wait_event("CALL_CLOSED")
+        sip = env.gw.sip
+        assert sip is not None
+        assert sip.inbound.rejected == {488: 1}
+        assert env.app.sessions == []
+        assert "488" in caller.log_text(100_000)
 
 
 async def test_outbound_call_to_baresip_on_a_required_trunk(tmp_path: Path) -> None:
