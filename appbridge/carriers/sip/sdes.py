@@ -14,7 +14,7 @@ call that has a usable one. Usable means (docs/sip.md, "SRTP (SDES)"):
 - exactly one ``inline:`` key of 30 bytes (16-byte master key, 14-byte salt) in base64;
 - no MKI (libsrtp is driven with one master key per direction) and a lifetime, when given, of
   at least 2^31 packets: a call never reaches it, so no rekeying is needed to honour it;
-- no session parameters but ``WSH`` (a replay window hint, RFC 4568 §6.3.7):
+- no session parameters but ``WSH`` (a replay window hint, RFC 4568 §6.3.6):
   ``UNENCRYPTED_SRTP``, ``KDR`` and the rest are refused.
 
 Which line a call uses, per ``srtp`` policy (the table in docs/sip.md, "SRTP (SDES)"):
@@ -55,7 +55,7 @@ __all__ = [
 
 #: The suites we run, in the order we offer them (RFC 4568 §6.2.1 and §6.2.2).
 SUITES: Final[tuple[str, ...]] = ("AES_CM_128_HMAC_SHA1_80", "AES_CM_128_HMAC_SHA1_32")
-#: Master key (128 bits) and master salt (112 bits), RFC 3711 §8.2 and RFC 4568 §6.2.1.
+#: Master key (128 bits) and master salt (112 bits), RFC 3711 §4.3 and RFC 4568 §6.2.1.
 KEY_SALT_BYTES: Final = 30
 #: The shortest key lifetime we accept: 2^31 packets (RFC 4568 §6.1; about 1.3 years at 50 pps).
 MIN_LIFETIME: Final = 1 << 31
@@ -104,7 +104,7 @@ class SrtpKeys:
 
 
 def new_key() -> bytes:
-    """A fresh master key and salt from the system's CSPRNG (RFC 4568 §6.1, RFC 3711 §8.2)."""
+    """A fresh master key and salt from the system's CSPRNG (RFC 4568 §6.1, RFC 3711 §4.3)."""
     return secrets.token_bytes(KEY_SALT_BYTES)
 
 
@@ -194,9 +194,9 @@ def answer_choice(policy: SrtpPolicy, proto: str, lines: list[CryptoLine]) -> Cr
 
     An RTP/SAVP offer needs a usable line whatever the policy but ``off``, which refuses it
     rather than run SRTP the operator turned off (an RTP/AVP answer to it would be invalid,
-    RFC 3264 §6). An RTP/AVP offer with crypto lines is best-effort SRTP (RFC 4568 §7.1 allows
-    crypto with any profile that carries keys): ``optional`` and ``required`` take it,
-    ``off`` and ``follow`` answer plain RTP and the offerer falls back to it.
+    RFC 3264 §6). An RTP/AVP offer with crypto lines is best-effort SRTP, common practice
+    beyond RFC 4568 (which defines the attribute for RTP/SAVP): ``optional`` and ``required``
+    take it, ``off`` and ``follow`` answer plain RTP and the offerer falls back to it.
     """
     savp = proto == SAVP
     if policy == "off":

@@ -118,7 +118,7 @@ class Attribute:
         return self.name if self.value is None else f"{self.name}:{self.value}"
 
     def __repr__(self) -> str:
-        """No SRTP key in a repr (RFC 4568 §8.1: the keys are secrets): ``inline:`` blanked."""
+        """No SRTP key in a repr (RFC 4568 §8: the keys are secrets): ``inline:`` blanked."""
         value = None if self.value is None else redact_sdp(self.value)
         return f"Attribute(name={self.name!r}, value={value!r})"
 

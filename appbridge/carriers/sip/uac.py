@@ -102,7 +102,7 @@ class UacDial:
     rtp_port: int
     rtp: RtpProtocol
     contact: NameAddr
-    offer: bytes = field(repr=False)  # its a=crypto keys stay out of reprs (RFC 4568 §8.1)
+    offer: bytes = field(repr=False)  # its a=crypto keys stay out of reprs (RFC 4568 §8)
     owner: DialOwner | None = None
     auth_attempts: int = 0
     provisional: bool = False  # a 1xx arrived: a CANCEL may go (§9.1)
