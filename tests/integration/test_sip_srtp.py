@@ -63,6 +63,7 @@ TCPDUMP = shutil.which("tcpdump")
 SUITE = "AES_CM_128_HMAC_SHA1_80"
 PCMU_FRAME = 160
 TAG_80 = 10
+TAG_32 = 4
 
 
 def require_tcpdump() -> str:
@@ -155,9 +156,14 @@ def ulaw_tone(freq_hz: float) -> bytes:
     return Converter(AudioFormat("pcm16", 8000), AudioFormat("pcmu", 8000)).convert(pcm)
 
 
-def decrypt(packets: list[bytes], key: bytes) -> list[bytes]:
+def decrypt(packets: list[bytes], key: bytes, suite: str) -> list[bytes]:
     """The RTP payloads of SRTP packets, through libsrtp with the sender's key."""
-    session = Session(Policy(key=key, ssrc_type=Policy.SSRC_ANY_INBOUND))
+    profile = (
+        Policy.SRTP_PROFILE_AES128_CM_SHA1_80
+        if suite == SUITE
+        else Policy.SRTP_PROFILE_AES128_CM_SHA1_32
+    )
+    session = Session(Policy(key=key, ssrc_type=Policy.SSRC_ANY_INBOUND, srtp_profile=profile))
     return [session.unprotect(p)[12:] for p in packets]
 
 
@@ -169,8 +175,9 @@ def check_capture(
     out = [d.payload for d in datagrams if d.src_port == gw_port]
     into = [d.payload for d in datagrams if d.dst_port == gw_port and d.payload[1] & 0xFF < 192]
     assert len(out) >= 50 and len(into) >= 50, (len(out), len(into))
-    # Every packet the gateway sent carries the SRTP tag of the 80-bit suite (RFC 3711 §4.2).
-    assert {len(p) for p in out} == {12 + PCMU_FRAME + TAG_80}
+    # Every packet the gateway sent carries the suite's SRTP tag (RFC 3711 §4.2, RFC 4568 §6.2).
+    tag = TAG_80 if keys.suite == SUITE else TAG_32
+    assert {len(p) for p in out} == {12 + PCMU_FRAME + tag}
     silence = b"\xff" * 12
     tone = ulaw_tone(sent_hz)
     for packet in out + into:
@@ -180,12 +187,12 @@ def check_capture(
     wire = b"".join(p[12 : 12 + PCMU_FRAME] for p in out)
     assert entropy_bits(wire) > 7.8, entropy_bits(wire)
     # Decrypted with the call's keys, the same packets are the audio: µ-law silence and tone.
-    plain_out = decrypt(out, keys.send_key)
+    plain_out = decrypt(out, keys.send_key, keys.suite)
     assert sum(1 for p in plain_out if p == b"\xff" * PCMU_FRAME) >= 5
     from_gateway = Converter(AudioFormat("pcmu", 8000), AudioFormat("pcm16", 8000))
     freqs = [dominant_freq(from_gateway.convert(p), 8000) for p in plain_out if p != b"\xff" * 160]
     assert sum(1 for f in freqs if abs(f - sent_hz) < 30) >= 10, freqs
-    plain_in = decrypt(into, keys.receive_key)
+    plain_in = decrypt(into, keys.receive_key, keys.suite)
     freqs = [dominant_freq(from_gateway.convert(p), 8000) for p in plain_in]
     assert sum(1 for f in freqs if abs(f - heard_hz) < 30) >= 10, freqs
     raw = path.read_bytes()
