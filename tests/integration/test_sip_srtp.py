@@ -17,7 +17,9 @@ Under CI=true a missing baresip, sipp or tcpdump fails; elsewhere the test skips
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import logging
 import math
 import shutil
 import struct
@@ -238,8 +240,9 @@ def caller_wav(tmp: Path) -> Path:
     ids=["required-trunk", "no-trunk-follows-the-offer"],
 )
 async def test_baresip_calls_in_with_mandatory_srtp(
-    tmp_path: Path, srtp: str | None, rtp_low: int
+    tmp_path: Path, srtp: str | None, rtp_low: int, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     require_baresip()
     require_tcpdump()
     caller = Baresip(
@@ -275,6 +278,8 @@ async def test_baresip_calls_in_with_mandatory_srtp(
         heard = await recording(caller)
         assert_heard_app_tone(heard, 600, caller)
     check_capture(tmp_path / "in.pcap", gw_port, keys, 600, 1000)
+    for key in (keys.send_key, keys.receive_key):  # no key in the gateway's logs, even debug
+        assert base64.b64encode(key).decode() not in caplog.text
 
 
 async def test_an_off_trunk_refuses_baresip_mandatory_srtp(tmp_path: Path) -> None:
