@@ -236,7 +236,7 @@ def caller_wav(tmp: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("srtp", "rtp_low"),
-    [("required", 45_000), (None, 45_800)],
+    [("required", 48_000), (None, 48_200)],
     ids=["required-trunk", "no-trunk-follows-the-offer"],
 )
 async def test_baresip_calls_in_with_mandatory_srtp(
@@ -289,7 +289,7 @@ async def test_an_off_trunk_refuses_baresip_mandatory_srtp(tmp_path: Path) -> No
     )
     async with (
         gateway_env(
-            sip=srtp_sip(46_000, caller.sip_port, "off"),
+            sip=srtp_sip(48_400, caller.sip_port, "off"),
             numbers=[{"number": ROUTED, "app": "main"}],
         ) as env,
         caller,
@@ -314,9 +314,9 @@ async def test_outbound_call_to_baresip_on_a_required_trunk(tmp_path: Path) -> N
         mediaenc="srtp-mand",
     )
     async with (
-        gateway_env(sip=srtp_sip(45_200, callee.sip_port)) as env,
+        gateway_env(sip=srtp_sip(48_600, callee.sip_port)) as env,
         callee,
-        capture(tmp_path / "out.pcap", 45_200, 45_299),
+        capture(tmp_path / "out.pcap", 48_600, 48_699),
         httpx.AsyncClient(
             base_url=env.base_url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=10
         ) as http,
@@ -348,7 +348,7 @@ async def test_outbound_call_to_baresip_on_a_required_trunk(tmp_path: Path) -> N
 
 @sipp_required()
 async def test_plain_offer_to_a_required_trunk_gets_488(tmp_path: Path) -> None:
-    async with outbound_gateway(45_400, trunk={"srtp": "required"}) as env:
+    async with outbound_gateway(48_800, trunk={"srtp": "required"}) as env:
         sip = env.gw.sip
         assert sip is not None
         gw_port = sip.transport.udp_addresses[0][1]
@@ -370,7 +370,7 @@ async def test_plain_offer_to_a_required_trunk_gets_488(tmp_path: Path) -> None:
 
 @sipp_required()
 async def test_answer_without_crypto_fails_a_required_call(tmp_path: Path) -> None:
-    async with outbound_gateway(45_600, trunk={"srtp": "required"}) as env:
+    async with outbound_gateway(49_000, trunk={"srtp": "required"}) as env:
         sipp = await start_sipp(env, tmp_path, None)  # sipp's uas answers plain RTP/AVP
         body = {"app": "main", "to": CALLEE, "from": ROUTED, "carrier": "sip:main"}
         created = await env.http.post("/v1/calls", json=body)
