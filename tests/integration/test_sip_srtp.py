@@ -6,7 +6,8 @@
   would fail with SRTP off: every packet must carry the 80-bit tag, no payload may hold a run
   of µ-law silence (which the gateway sends between the app's tones), the payload bytes must
   look random, and the captured packets, decrypted with the call's own keys, must be the
-  tones while their plain payloads appear nowhere in the capture.
+  tones while their plain payloads appear nowhere in the capture. An ``optional`` trunk's
+  best-effort offer (RTP/AVP with crypto lines) to baresip with ``mediaenc=srtp`` is SRTP too.
 - sipp offering plain RTP/AVP to a ``required`` trunk gets 488 with a 399 Warning; sipp's
   built-in UAS answering our RTP/SAVP offer without crypto fails the outbound call (BYE).
 
@@ -303,7 +304,16 @@ async def test_an_off_trunk_refuses_baresip_mandatory_srtp(tmp_path: Path) -> No
         assert "488" in caller.log_text(100_000)
 
 
-async def test_outbound_call_to_baresip_on_a_required_trunk(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("srtp", "mediaenc", "rtp_low"),
+    [("required", "srtp-mand", 48_600), ("optional", "srtp", 49_200)],
+    ids=["required-trunk-savp", "optional-trunk-best-effort"],
+)
+async def test_outbound_call_to_baresip_with_srtp(
+    tmp_path: Path, srtp: str, mediaenc: str, rtp_low: int
+) -> None:
+    """``required`` offers RTP/SAVP; ``optional`` offers RTP/AVP with crypto lines, which
+    baresip's optional SRTP (``mediaenc=srtp``) takes: SRTP both ways either way."""
     require_baresip()
     require_tcpdump()
     callee = Baresip(
@@ -311,12 +321,12 @@ async def test_outbound_call_to_baresip_on_a_required_trunk(tmp_path: Path) -> N
         user=CALLEE,
         codecs=("PCMU",),
         play=caller_wav(tmp_path),
-        mediaenc="srtp-mand",
+        mediaenc=mediaenc,
     )
     async with (
-        gateway_env(sip=srtp_sip(48_600, callee.sip_port)) as env,
+        gateway_env(sip=srtp_sip(rtp_low, callee.sip_port, srtp)) as env,
         callee,
-        capture(tmp_path / "out.pcap", 48_600, 48_699),
+        capture(tmp_path / "out.pcap", rtp_low, rtp_low + 99),
         httpx.AsyncClient(
             base_url=env.base_url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=10
         ) as http,
