@@ -110,6 +110,7 @@ class Baresip:
         play: Path | None = None,
         auto_answer: bool = True,
         rtp_ports: tuple[int, int] | None = None,
+        mediaenc: str | None = None,
     ) -> None:
         unknown = [c for c in codecs if c not in CODEC_NAMES]
         if unknown or not codecs:
@@ -119,6 +120,8 @@ class Baresip:
         self.codecs = tuple(codecs)
         self.play = play
         self.auto_answer = auto_answer
+        #: The account's ``mediaenc`` (``srtp-mand``: SDES-SRTP with RTP/SAVP, module srtp.so).
+        self.mediaenc = mediaenc
         self.sip_port = free_port(also_udp=True)
         self.ctrl_port = free_port()
         if rtp_ports is None:
@@ -203,6 +206,7 @@ class Baresip:
             "module aufile.so",
             "module aubridge.so",
             "module sndfile.so",
+            *(["module srtp.so"] if self.mediaenc else []),
             "module_tmp account.so",
             "module_app menu.so",
             "module_app ctrl_tcp.so",
@@ -216,7 +220,8 @@ class Baresip:
     def _account_text(self) -> str:
         codecs = ",".join(CODEC_NAMES[c] for c in self.codecs)
         answer = "auto" if self.auto_answer else "manual"
-        return f"<{self.uri}>;regint=0;answermode={answer};audio_codecs={codecs}\n"
+        enc = f";mediaenc={self.mediaenc}" if self.mediaenc else ""
+        return f"<{self.uri}>;regint=0;answermode={answer};audio_codecs={codecs}{enc}\n"
 
     async def start(self) -> None:
         binary = require_baresip()

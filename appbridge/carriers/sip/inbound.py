@@ -8,7 +8,9 @@ Flow of one call (RFC 3261 §13.3, RFC 3264 §6):
    registration (``register_client.py``), else 403. The Request-URI user part routes the call
    (``Config.route``; the To header's when the Request-URI is our registered Contact), else 404.
    The SDP offer is answered with PCMU or PCMA plus telephone-event; no common codec is 488
-   (RFC 3264 §6), a broken body 400.
+   (RFC 3264 §6), a broken body 400. SRTP follows the trunk's ``srtp`` (``follow`` the offer's
+   profile with no trunk; docs/sip.md, "SRTP (SDES)"); its refusals are 488 with a 399 Warning
+   saying why (RFC 3261 §20.43).
 2. 100 Trying at once, an RTP port from ``rtp_ports``, then 180 Ringing (with our To tag) while
    the app is dialed through its 2.5 s retry window (docs/protocol-session-v1.md,
    "Connection and frames").
@@ -47,6 +49,7 @@ from appbridge.carriers.sip.offer_answer import NegotiatedAudio, OfferAnswerErro
 from appbridge.carriers.sip.outbound import SipOutbound
 from appbridge.carriers.sip.party import SipCallSignalling, trunk_for_source
 from appbridge.carriers.sip.register_client import SipRegistrations
+from appbridge.carriers.sip.sdes import SrtpPolicy
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.transaction import Send, TransactionLayer
 from appbridge.carriers.sip.transport import (
@@ -90,6 +93,7 @@ class SipCall:
     finished: bool = False  # a final response or BYE ended the SIP side
     retransmitter: AnswerRetransmitter | None = None
     cleanup: asyncio.Task[None] | None = field(default=None, repr=False)
+    srtp: SrtpPolicy = "follow"
 
 
 class SipInbound:
@@ -265,15 +269,25 @@ class SipInbound:
             return
         contact = self._contact(invite, peer)
         host = contact.uri.host
+        trunk = (
+            registered[0]
+            if registered is not None
+            else trunk_for_source(self.cfg.trunks, via.received or via.host)
+        )
+        srtp: SrtpPolicy = trunk.srtp if trunk is not None else "follow"
         negotiator = SdpNegotiator(
             local_address=host,
             rtp_port=0,
             public_address=self.cfg.public_address,
             codecs=LEG_CODECS,
+            srtp=srtp,
         )
         try:
             negotiator.create_answer(offer)  # a dry run: 488 now rather than after ringing
-        except (OfferAnswerError, SdpError):
+        except OfferAnswerError as exc:
+            self._respond(invite, peer, 488, headers=self._warning(exc, host))
+            return
+        except SdpError:
             self._respond(invite, peer, 488)
             return
         self._respond(invite, peer, 100)
@@ -286,7 +300,7 @@ class SipInbound:
             to=called or "",
             carrier="sip",
         )
-        sc = SipCall(invite, peer, new_tag(), call, negotiator, offer, contact)
+        sc = SipCall(invite, peer, new_tag(), call, negotiator, offer, contact, srtp=srtp)
         self.calls[call_id] = sc
         sc.cleanup = asyncio.get_running_loop().create_task(self._cleanup_after(sc))
         call.spawn(self._answer(sc), "sip-answer")
@@ -319,6 +333,7 @@ class SipInbound:
             rtp_port=sc.rtp_port,
             public_address=self.cfg.public_address,
             codecs=LEG_CODECS,
+            srtp=sc.srtp,
         )
         sc.negotiator = negotiator
         answer, negotiated = negotiator.create_answer(sc.offer)
@@ -363,6 +378,13 @@ class SipInbound:
             end_call=lambda: self._send_bye(sc),
             referred_by=f"<{sc.contact.uri}>",
         )
+
+    @staticmethod
+    def _warning(exc: OfferAnswerError, host: str) -> list[tuple[str, str]] | None:
+        """A 399 Warning (RFC 3261 §20.43) with an SRTP refusal's reason, else nothing."""
+        if exc.warning is None:
+            return None
+        return [("Warning", f'399 {host} "{exc.warning}"')]
 
     def _contact_hdr(self, sc: SipCall) -> list[tuple[str, str]]:
         return [("Contact", str(sc.contact)), ("Allow", ALLOW)]
@@ -456,8 +478,8 @@ class SipInbound:
         except SdpError:
             self._respond(invite, peer, 400, "Malformed SDP")
             return
-        except OfferAnswerError:
-            self._respond(invite, peer, 488)
+        except OfferAnswerError as exc:
+            self._respond(invite, peer, 488, headers=self._warning(exc, sc.contact.uri.host))
             return
         self._apply(sc, negotiated)
         self._send_answer(sc, invite, answer.serialize())

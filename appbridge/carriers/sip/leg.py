@@ -22,6 +22,12 @@ type to :class:`~.dtmf4733.Rfc4733Receiver` (one ``on_carrier_dtmf`` per keypres
 goes on to the engine at once (``JitterBuffer.pop_ready``): the app and the ears need no playout
 smoothing. Only gaps wait, on the tick, for the buffer's adaptive delay before concealment.
 
+With SRTP (docs/sip.md, "SRTP (SDES)") every packet sent is protected and every datagram
+received is unprotected first (:class:`~.srtp.SrtpStreams`, one per leg); one that fails is
+dropped and counted there. Without SRTP that costs one ``None`` check per packet. The leg sends
+no RTCP; RTCP that arrives on the RTP port (RFC 5761) is checked as SRTCP and then ignored, as
+plain RTCP is.
+
 Time is an argument (``now``) everywhere except in the thin asyncio glue, so the pacing is
 unit-tested in virtual time (tests/unit/sip/test_sip_leg.py).
 """
@@ -39,6 +45,7 @@ from appbridge.carriers.sip.dtmf4733 import Rfc4733Receiver, Rfc4733Sender
 from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
 from appbridge.carriers.sip.offer_answer import NegotiatedAudio
 from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
+from appbridge.carriers.sip.srtp import SrtpStreams
 from appbridge.clock import Clock
 from appbridge.media.codecs import G722_16K, PCMU_8K, AudioFormat
 from appbridge.media.g722 import G722Decoder, G722Encoder
@@ -145,6 +152,9 @@ class SipLeg:
             clock_rate_hz=codec.rtp_clock_hz,
             remote_address=(negotiated.remote_address, negotiated.remote_port),
         )
+        keys = negotiated.srtp
+        #: SRTP/SRTCP of the call, None for plain RTP (RFC 3711, docs/sip.md).
+        self.srtp: SrtpStreams | None = SrtpStreams(keys) if keys is not None else None
         self.jitter = JitterBuffer(clock_rate_hz=codec.rtp_clock_hz)
         self.dtmf_in = Rfc4733Receiver()
         self.dtmf_out = Rfc4733Sender(clock_rate_hz=codec.rtp_clock_hz)
@@ -185,6 +195,13 @@ class SipLeg:
         self.rtp.set_payload_type(negotiated.send_payload_type, negotiated.codec.frame_units)
         self.rtp.set_event_payload_type(negotiated.send_event_payload_type)
         self.receiver.set_payload_types(negotiated.receive_payload_types)
+        keys = negotiated.srtp
+        if keys is None:
+            self.srtp = None
+        elif self.srtp is None:
+            self.srtp = SrtpStreams(keys)
+        else:
+            self.srtp.rekey(keys)  # RFC 4568 §7.1.4: a changed key only
         if moved:
             self.receiver.reset_latch((negotiated.remote_address, negotiated.remote_port))
 
@@ -365,12 +382,21 @@ class SipLeg:
         addr = self.receiver.send_address
         if addr is None or self._send_datagram is None or addr[1] == 0:
             return
+        srtp = self.srtp
+        if srtp is not None:
+            packet = srtp.protect(packet)
         self._send_datagram(packet, addr)
 
     # -- RTP in ----------------------------------------------------------------------------------
     def datagram_received(self, data: bytes, source: Address, now: float) -> None:
         if self.closed:
             return
+        srtp = self.srtp
+        if srtp is not None:
+            plain = srtp.unprotect(data, now)
+            if plain is None:
+                return
+            data = plain
         arrival = self.receiver.receive(data, source, now)
         if arrival is None:
             return

@@ -17,6 +17,11 @@
   read as the peer not wanting media: as sendonly.
 - Addresses: `c=` and the `o=` address carry `public_address` when it is set (NAT), else the
   local address; the port is the call's RTP port.
+- SRTP (SDES, RFC 4568; docs/sip.md, "SRTP (SDES)"): the call's ``srtp`` policy picks the
+  profile (RTP/AVP or RTP/SAVP) and the crypto lines of an offer, and which offered line an
+  answer takes (:mod:`.sdes`). Every offer and every new answer carries fresh keys; a re-offer
+  whose chosen crypto line is the one already in use keeps the session and our key (no rekey),
+  a changed one rekeys both ways. A refusal is `OfferAnswerError` with a ``warning`` text.
 - Versions (RFC 3264 section 8): `o=` keeps one session id for the whole call; its version goes
   up by one whenever we send a description that differs from our previous one, and stays when
   we send the same again. A remote description whose `o=` version did not change is reported as
@@ -30,6 +35,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from appbridge.carriers.sip.sdes import (
+    CryptoLine,
+    SrtpKeys,
+    SrtpPolicy,
+    SrtpRefused,
+    answer_choice,
+    answered_line,
+    new_key,
+    offer_lines,
+    offer_profile,
+    usable_crypto,
+)
 from appbridge.carriers.sip.sdp import (
     CODECS,
     PTIME_MS,
@@ -54,13 +71,19 @@ _REVERSE: Final[dict[Direction, Direction]] = {
     "recvonly": "sendonly",
     "inactive": "inactive",
 }
-_AUDIO_PROTOS: Final = frozenset({"RTP/AVP"})
+_AUDIO_PROTOS: Final = frozenset({"RTP/AVP", "RTP/SAVP"})
 TELEPHONE_EVENT: Final = "telephone-event"
 DEFAULT_EVENT_PT: Final = 101
 
 
 class OfferAnswerError(ValueError):
-    """Valid SDP that cannot be accepted (no common audio codec, ...): SIP 488."""
+    """Valid SDP that cannot be accepted (no common audio codec, ...): SIP 488. `warning` is
+    the text of a 399 Warning header when the refusal needs one (SRTP policy, RFC 3261
+    §20.43)."""
+
+    def __init__(self, message: str, warning: str | None = None) -> None:
+        super().__init__(message)
+        self.warning = warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +107,7 @@ class NegotiatedAudio:
     remote_direction: Direction
     remote_ptime_ms: int | None
     unchanged: bool = False
+    srtp: SrtpKeys | None = None
 
     @property
     def send(self) -> bool:
@@ -167,6 +191,7 @@ class SdpNegotiator:
         prefer: Literal["offer", "local"] = "offer",
         session_id: int | None = None,
         username: str = "appbridge",
+        srtp: SrtpPolicy = "off",
     ) -> None:
         names = tuple(codecs) if codecs is not None else default_codecs()
         unknown = [n for n in names if n not in CODECS]
@@ -188,6 +213,10 @@ class SdpNegotiator:
         self._remote_version: tuple[str, int] | None = None
         self.direction: Direction = "sendrecv"
         self._offered: SessionDescription | None = None
+        self._srtp_policy: SrtpPolicy = srtp
+        self._offered_crypto: list[CryptoLine] = []
+        #: The SRTP in use after the last exchange (None: plain RTP).
+        self.srtp: SrtpKeys | None = None
 
     @property
     def address(self) -> str:
@@ -215,7 +244,12 @@ class SdpNegotiator:
         return SessionDescription(origin=origin, session_name="AppBridge", connection=conn)
 
     def _audio_media(
-        self, codecs: Iterable[Codec], event_pt: int | None, direction: Direction
+        self,
+        codecs: Iterable[Codec],
+        event_pt: int | None,
+        direction: Direction,
+        proto: str = "RTP/AVP",
+        crypto: Sequence[CryptoLine] = (),
     ) -> MediaDescription:
         codecs = list(codecs)
         formats = [str(c.payload_type) for c in codecs]
@@ -226,7 +260,8 @@ class SdpNegotiator:
             attrs.append(Attribute("fmtp", f"{event_pt} 0-16"))
         attrs.append(Attribute("ptime", str(PTIME_MS)))
         attrs.append(Attribute(direction))
-        return MediaDescription("audio", self._rtp_port, "RTP/AVP", formats, attributes=attrs)
+        attrs.extend(Attribute("crypto", line.value()) for line in crypto)
+        return MediaDescription("audio", self._rtp_port, proto, formats, attributes=attrs)
 
     # -- we offer ----------------------------------------------------------------------
 
@@ -235,7 +270,16 @@ class SdpNegotiator:
         if direction is not None:
             self.direction = direction
         session = self._skeleton()
-        session.media.append(self._audio_media(self._codecs, self._event_pt, self.direction))
+        policy = self._srtp_policy
+        self._offered_crypto = offer_lines(policy)
+        media = self._audio_media(
+            self._codecs,
+            self._event_pt,
+            self.direction,
+            offer_profile(policy),
+            self._offered_crypto,
+        )
+        session.media.append(media)
         self._offered = session
         return self._finish(session)
 
@@ -260,6 +304,15 @@ class SdpNegotiator:
                 break
         if chosen is None:
             raise OfferAnswerError("the answer has none of the offered codecs")
+        try:
+            pair = answered_line(
+                self._srtp_policy, m.proto, m.attribute_values("crypto"), self._offered_crypto
+            )
+        except SrtpRefused as exc:
+            raise OfferAnswerError(str(exc), str(exc)) from None
+        keys = (
+            None if pair is None else SrtpKeys(pair[0].suite, pair[0].tag, pair[0].key, pair[1].key)
+        )
         result = self._negotiated(
             answer,
             m,
@@ -267,6 +320,7 @@ class SdpNegotiator:
             receive_pt=offered[chosen.name].payload_type,
             receive_event_pt=self._event_pt,
             local_direction=_combine(self.direction, _REVERSE[_remote_direction(answer, m)]),
+            srtp=keys,
         )
         self._offered = None
         return result
@@ -282,19 +336,37 @@ class SdpNegotiator:
             self.direction = direction
         session = self._skeleton()
         accepted: tuple[MediaDescription, Codec, int | None] | None = None
+        keys: SrtpKeys | None = None
+        refusal: str | None = None
         for m in offer.media:
             if accepted is None and m.media == "audio" and m.port and m.proto in _AUDIO_PROTOS:
                 codec = self._pick(m)
                 if codec is not None:
+                    try:
+                        theirs = answer_choice(
+                            self._srtp_policy, m.proto, usable_crypto(m.attribute_values("crypto"))
+                        )
+                    except SrtpRefused as exc:
+                        refusal = refusal or str(exc)
+                        theirs = None
+                        codec = None
+                if codec is not None:
                     event_pt = _event_pt(m, codec.rtp_clock_hz)
                     accepted = (m, codec, event_pt)
+                    keys = self._answer_keys(theirs)
                     local = _combine(self.direction, _REVERSE[_remote_direction(offer, m)])
-                    session.media.append(self._audio_media([codec], event_pt, local))
+                    crypto = [CryptoLine(keys.tag, keys.suite, keys.send_key)] if keys else []
+                    media = self._audio_media([codec], event_pt, local, m.proto, crypto)
+                    session.media.append(media)
                     continue
             first = m.formats[:1] or ["0"]
             session.media.append(MediaDescription(m.media, 0, m.proto, first))
         if accepted is None:
-            raise OfferAnswerError("no acceptable audio stream (488 Not Acceptable Here)")
+            raise OfferAnswerError(
+                "no acceptable audio stream (488 Not Acceptable Here)"
+                + (f": {refusal}" if refusal else ""),
+                refusal,
+            )
         m, codec, event_pt = accepted
         local = _combine(self.direction, _REVERSE[_remote_direction(offer, m)])
         result = self._negotiated(
@@ -304,8 +376,24 @@ class SdpNegotiator:
             receive_pt=codec.payload_type,
             receive_event_pt=event_pt,
             local_direction=local,
+            srtp=keys,
         )
         return self._finish(session), result
+
+    def _answer_keys(self, theirs: CryptoLine | None) -> SrtpKeys | None:
+        """The SRTP of an answer: the session in use when the offer repeats its line (a
+        re-INVITE that changes no key, RFC 4568 §7.1.4), else a fresh key of ours."""
+        if theirs is None:
+            return None
+        current = self.srtp
+        if (
+            current is not None
+            and current.tag == theirs.tag
+            and current.suite == theirs.suite
+            and current.receive_key == theirs.key
+        ):
+            return current
+        return SrtpKeys(theirs.suite, theirs.tag, new_key(), theirs.key)
 
     def _pick(self, m: MediaDescription) -> Codec | None:
         rtpmap = m.rtpmap()
@@ -330,6 +418,7 @@ class SdpNegotiator:
         receive_pt: int,
         receive_event_pt: int | None,
         local_direction: Direction,
+        srtp: SrtpKeys | None,
     ) -> NegotiatedAudio:
         conn = m.connection or remote.connection
         if conn is None:
@@ -338,6 +427,7 @@ class SdpNegotiator:
         unchanged = self._remote_version == key
         self._remote_version = key
         send_event_pt = _event_pt(m, codec.rtp_clock_hz)
+        self.srtp = srtp
         return NegotiatedAudio(
             codec=codec,
             send_payload_type=codec.payload_type,
@@ -350,4 +440,5 @@ class SdpNegotiator:
             remote_direction=_remote_direction(remote, m),
             remote_ptime_ms=m.ptime_ms(),
             unchanged=unchanged,
+            srtp=srtp,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from appbridge.carriers.sip.sdes import redact_sdp
 from appbridge.media import g722
 
 __all__ = [
@@ -108,13 +109,18 @@ class Connection:
         return self.address == "0.0.0.0"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Attribute:
     name: str
     value: str | None = None
 
     def __str__(self) -> str:
         return self.name if self.value is None else f"{self.name}:{self.value}"
+
+    def __repr__(self) -> str:
+        """No SRTP key in a repr (RFC 4568 §8: the keys are secrets): ``inline:`` blanked."""
+        value = None if self.value is None else redact_sdp(self.value)
+        return f"Attribute(name={self.name!r}, value={value!r})"
 
 
 @dataclass(slots=True)

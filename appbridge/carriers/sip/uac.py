@@ -106,7 +106,7 @@ class UacDial:
     rtp_port: int
     rtp: RtpProtocol
     contact: NameAddr
-    offer: bytes
+    offer: bytes = field(repr=False)  # its a=crypto keys stay out of reprs (RFC 4568 §8)
     owner: DialOwner | None = None
     auth_attempts: int = 0
     provisional: bool = False  # a 1xx arrived: a CANCEL may go (§9.1)
@@ -179,6 +179,7 @@ class SipUac:
             rtp_port=rtp_port,
             public_address=self.cfg.public_address,
             codecs=LEG_CODECS,
+            srtp=trunk.srtp,
         )
         offer = negotiator.create_offer().serialize()
         uri = SipUri(scheme="sip", user=to_user, host=trunk.host, port=trunk.port, params=params)
