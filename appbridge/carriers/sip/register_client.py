@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import random
 import secrets
@@ -44,6 +43,7 @@ from appbridge.carriers.sip.registration import (
     SendKeepalive,
     SendRequest,
 )
+from appbridge.carriers.sip.resolve import resolve_ipv4
 from appbridge.carriers.sip.transport import Peer, SipTransport
 from appbridge.clock import Clock
 from appbridge.env_knobs import positive_from_env
@@ -166,20 +166,9 @@ class SipRegistrations:
 
     async def _resolve(self, host: str, port: int) -> str | None:
         try:
-            ipaddress.ip_address(host)
-            return host
-        except ValueError:
-            pass
-        try:
-            infos = await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(
-                    host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
-                ),
-                CONNECT_TIMEOUT_S,
-            )
-        except (OSError, TimeoutError):
+            return await resolve_ipv4(host, port, CONNECT_TIMEOUT_S)
+        except OSError:
             return None
-        return str(infos[0][4][0]) if infos else None
 
     # -- effects -----------------------------------------------------------------------------
     def _run(self, entry: TrunkRegistration, effects: list[SendRequest | SendKeepalive]) -> None:

@@ -31,10 +31,8 @@ from the transport's single timer: the flow runs in virtual time in the unit tes
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
-import socket
 import ssl
 import uuid
 from collections.abc import Callable, Iterable
@@ -49,6 +47,7 @@ from appbridge.carriers.sip.leg import LEG_CODECS, RtpPortPool, RtpProtocol, Sip
 from appbridge.carriers.sip.message import Headers, Request, Response, new_branch, new_tag
 from appbridge.carriers.sip.offer_answer import OfferAnswerError, SdpNegotiator
 from appbridge.carriers.sip.refer import ReferClient
+from appbridge.carriers.sip.resolve import resolve_ipv4
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
 from appbridge.carriers.sip.tls import describe_tls_error
 from appbridge.carriers.sip.transaction import make_cancel
@@ -242,17 +241,9 @@ class SipUac:
 
     async def _resolve(self, host: str, port: int) -> str:
         try:
-            ipaddress.ip_address(host)
-            return host
-        except ValueError:
-            pass
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
-            )
+            return await resolve_ipv4(host, port)
         except OSError as exc:
             raise UacError("trunk_unreachable", f"cannot resolve {host}") from exc
-        return str(infos[0][4][0])
 
     def _via(self, d: UacDial) -> str:
         """A fresh top Via like the first INVITE's (a digest retry is a new transaction)."""
