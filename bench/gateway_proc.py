@@ -116,6 +116,12 @@ class GatewaySpec:
     dialect: str = "fonoster"
     #: ``--cluster``: the redis-server of the step, for a ``[cluster]`` section; None: one node.
     cluster_redis_url: str | None = None
+    #: ``--sip-transport tls``: the ``tls:`` listener's port and ``[sip] tls`` as
+    #: (cert_file, key_file, ca_file) (bench/sip_secure.py); None: UDP alone.
+    sip_tls_port: int | None = None
+    tls_files: tuple[str, str, str] | None = None
+    #: ``--srtp``: a trunk for the callers' address with ``srtp = "required"``.
+    srtp: bool = False
     #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as
     #: docs/protocol-twilio.md has it; "none" works around the gateway listening (STT, turns)
     #: for apps whose dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
@@ -177,9 +183,9 @@ signing_secret = "${{BENCH_APP_SECRET}}"
         low, high = spec.rtp_ports
         sip = f"""
 [sip]
-listen = ["udp:127.0.0.1:{spec.sip_port}"]
+listen = ["udp:127.0.0.1:{spec.sip_port}"{_tls_listen(spec)}]
 rtp_ports = [{low}, {high}]
-"""
+""" + _secure_sip(spec)
     cluster = ""
     if spec.cluster_redis_url is not None:
         # docs/scaling.md: the node reaches the others at internal_url; here it is alone.
@@ -191,6 +197,27 @@ internal_url = "{spec.base_url}"
 secret = "${{BENCH_CLUSTER_SECRET}}"
 """
     return head + sip + cluster + "".join(apps) + "".join(numbers)
+
+
+def _tls_listen(spec: GatewaySpec) -> str:
+    return "" if spec.sip_tls_port is None else f', "tls:127.0.0.1:{spec.sip_tls_port}"'
+
+
+def _secure_sip(spec: GatewaySpec) -> str:
+    """``[sip] tls`` and the callers' trunk of a secure run (docs/configuration.md): the bench's
+    callers come from 127.0.0.1, so that trunk's ``srtp`` is the policy of their calls."""
+    out = ""
+    if spec.tls_files is not None:
+        cert, key, ca = spec.tls_files
+        out += f'tls = {{ cert_file = "{cert}", key_file = "{key}", ca_file = "{ca}" }}\n'
+    if spec.srtp or spec.tls_files is not None:
+        transport = "tls" if spec.tls_files is not None else "udp"
+        srtp = "required" if spec.srtp else "off"
+        out += (
+            f'\n[[sip.trunks]]\nname = "bench"\nhost = "127.0.0.1"\n'
+            f'transport = "{transport}"\nsrtp = "{srtp}"\n'
+        )
+    return out
 
 
 def loop_env(loop: str, shim_root: Path, env: Mapping[str, str]) -> dict[str, str]:

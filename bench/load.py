@@ -59,6 +59,7 @@ from bench.report import (
     parse_metric,
     step_detail_lines,
 )
+from bench.sip_secure import gateway_fields, prepare, ramp_fields, secure_line
 from bench.slow_http import slow_clients
 from bench.speed import probe_core
 
@@ -113,7 +114,7 @@ def dialect_line(args: argparse.Namespace) -> str:
         )
     return (
         f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz), "
-        f"speak {args.speak}"
+        f"speak {args.speak}; {secure_line(args)}"
     )
 
 
@@ -234,6 +235,7 @@ async def start_gateway(
         rtp_ports=free_rtp_range(calls),
         dialect=args.dialect,
         cluster_redis_url=redis_url,
+        **gateway_fields(args),
     )
     config_path = out_dir / f"{name}.toml"
     config_path.write_text(render_config(spec))
@@ -309,8 +311,8 @@ async def _measure(
             to=worker_number(worker.index),
             rate=args.ramp_rate * n / calls,
             up_timeout=args.up_timeout,
-            sip=None if spec.sip_port is None else ["127.0.0.1", spec.sip_port],
             sip_share=args.sip_share,
+            **ramp_fields(args, spec),
         )
 
     ramps = await asyncio.gather(*(ramp(w, n) for w, n in zip(workers, shares, strict=True)))
@@ -388,6 +390,8 @@ async def _measure(
         "offered_sip_share": args.sip_share,
         "dialect": args.dialect,
         "speak": args.speak,
+        "srtp": args.srtp,
+        "sip_transport": args.sip_transport,
         "max_calls": spec.max_calls,
         "refused": sum(int(r.get("refused", 0)) for r in ramps),
         "refused_sip": sum(int(r.get("refused_sip", 0)) for r in ramps),
@@ -597,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    problem = prepare(args)
+    if problem is not None:
+        print(f"bench: {problem}", file=sys.stderr)
+        return 2
     # Where the "asyncio" loop's shim lives: outside the source tree, gone after the run.
     with tempfile.TemporaryDirectory(prefix="appbridge-bench-") as shim_dir:
         args.shim_dir = shim_dir

@@ -133,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="N clients that send an HTTP request head one byte a second during each hold "
         "window, opened at once (bench/slow_http.py); the bars then show what they cost the calls",
     )
+    parser.add_argument(
+        "--srtp",
+        action="store_true",
+        help="the SIP calls offer RTP/SAVP with SDES keys and run SRTP; the gateway's trunk for "
+        'them has srtp = "required" (bench/sip_secure.py)',
+    )
+    parser.add_argument(
+        "--sip-transport",
+        choices=("udp", "tls"),
+        default="udp",
+        help="the SIP calls' signalling: udp, or tls to a tls: listener with certificates made "
+        "for the run into OUT/pki (bench/sip_secure.py)",
+    )
     parser.add_argument("--hold", type=float, default=30.0, help="seconds each step is held (30)")
     parser.add_argument("--workers", type=int, default=1, help="load-generator processes (1)")
     parser.add_argument("--ramp-rate", type=float, default=25.0, help="calls offered per second")

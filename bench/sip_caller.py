@@ -27,6 +27,12 @@ the same views as the Twilio caller: clear-to-silence is the first silent packet
 ``clear``. A spoken burst whose eSpeak audio holds a whole frame of digital silence would count
 that frame as lost; the tone bursts cannot.
 
+With ``--srtp`` (bench/README.md, "SRTP and TLS") a call offers RTP/SAVP with crypto lines
+(RFC 4568) through the same :class:`~appbridge.carriers.sip.offer_answer.SdpNegotiator` the
+gateway uses, and protects and checks its packets with the gateway's own
+:class:`~appbridge.carriers.sip.srtp.SrtpStreams` (RFC 3711); with ``--sip-transport tls`` the
+endpoint is :class:`bench.sip_secure.TlsSipEndpoint`. Either way the recordings are the same.
+
 Receive stamps (bench/README.md, "Receive stamps"): each call's RTP socket is a
 :mod:`bench.stamped` datagram transport, so a packet's arrival (``recv_times``) is the instant
 the kernel queued it, i.e. when the gateway sent it, exact per packet; the loop's instant is
@@ -55,6 +61,7 @@ from appbridge.carriers.sip.message import (
 from appbridge.carriers.sip.offer_answer import SdpNegotiator
 from appbridge.carriers.sip.rtp import RtpSender
 from appbridge.carriers.sip.sdp import SdpError, SessionDescription
+from appbridge.carriers.sip.srtp import SrtpStreams
 from bench.stamped import StampedDatagramTransport, open_datagram
 from bench.ticker import PhasedTicker
 
@@ -126,6 +133,7 @@ class SipCaller:
         self._cseq = 1
         self._rtp: StampedDatagramTransport | None = None
         self._sender = RtpSender(payload_type=0)
+        self._srtp: SrtpStreams | None = None
         self._talk = b""
         self._talk_at = 0
         self._final: asyncio.Future[Response] | None = None
@@ -179,7 +187,11 @@ class SipCaller:
         self._rtp = transport
         rtp_port = transport.get_extra_info("sockname")[1]
         negotiator = SdpNegotiator(
-            local_address=HOST, rtp_port=rtp_port, codecs=("PCMU",), username="bench"
+            local_address=HOST,
+            rtp_port=rtp_port,
+            codecs=("PCMU",),
+            username="bench",
+            srtp="required" if self.endpoint.srtp else "off",
         )
         offer = negotiator.create_offer().serialize()
         self._final = loop.create_future()
@@ -206,6 +218,8 @@ class SipCaller:
             self.protocol_errors.append(f"SDP answer: {exc}")
             await self.hangup()
             raise SipCallError(f"bad SDP answer: {exc}") from None
+        if audio.srtp is not None:
+            self._srtp = SrtpStreams(audio.srtp, "bench")
         self.remote_rtp = (audio.remote_address, audio.remote_port)
         self.has_stream = True
         self.endpoint.ticker.add(self)
@@ -225,13 +239,13 @@ class SipCaller:
             to += f";tag={self.to_tag}"
         headers = Headers(
             [
-                ("Via", f"SIP/2.0/UDP {HOST}:{local_port};branch={new_branch()};rport"),
+                ("Via", f"{self.endpoint.via} {HOST}:{local_port};branch={new_branch()};rport"),
                 ("Max-Forwards", "70"),
                 ("From", f"<sip:{self.caller}@{HOST}>;tag={self.from_tag}"),
                 ("To", to),
                 ("Call-ID", self.call_id),
                 ("CSeq", f"{cseq} {method}"),
-                ("Contact", f"<sip:bench@{HOST}:{local_port}>"),
+                ("Contact", f"<sip:bench@{HOST}:{local_port}{self.endpoint.contact_params}>"),
             ]
         )
         return Request(method, uri, headers, body)
@@ -310,12 +324,21 @@ class SipCaller:
                 payload += ULAW_SILENCE[len(payload) :]
         else:
             payload = ULAW_SILENCE
-        self._rtp.sendto(self._sender.audio(payload), self.remote_rtp)
+        packet = self._sender.audio(payload)
+        if self._srtp is not None:
+            packet = self._srtp.protect(packet)
+        self._rtp.sendto(packet, self.remote_rtp)
         self.sent_times.append(now)
 
     def on_rtp(self, data: bytes, now: float, loop_now: float | None = None) -> None:
         """A packet from the gateway that arrived at ``now`` (the kernel's stamp) and was read
         at ``loop_now`` (default: ``now``)."""
+        if self._srtp is not None:
+            plain = self._srtp.unprotect(data, now)
+            if plain is None:
+                self.protocol_errors.append(f"SRTP packet dropped: {len(data)} bytes")
+                return
+            data = plain
         if len(data) < RTP_HEADER_BYTES or data[0] >> 6 != 2:
             self.protocol_errors.append(f"not RTP: {len(data)} bytes")
             return
@@ -359,8 +382,16 @@ class RtpTicker(PhasedTicker["SipCaller"]):
 class SipEndpoint(asyncio.DatagramProtocol):
     """The worker's SIP signalling socket (UDP): sends requests, routes what comes back."""
 
-    def __init__(self, gateway: tuple[str, int], *, ticking: bool = True) -> None:
+    #: The top Via's sent-protocol and the Contact's URI parameters of this endpoint's calls.
+    via = "SIP/2.0/UDP"
+    contact_params = ""
+
+    def __init__(
+        self, gateway: tuple[str, int], *, ticking: bool = True, srtp: bool = False
+    ) -> None:
         self.gateway = gateway
+        #: Whether this endpoint's calls offer RTP/SAVP (``--srtp``) and run SRTP.
+        self.srtp = srtp
         self.calls: dict[str, SipCaller] = {}
         self.ticker = RtpTicker(autostart=ticking)
         self.bad_messages = 0

@@ -62,6 +62,7 @@ from bench.sip_caller import (
     SipEndpoint,
     sip_caller_number,
 )
+from bench.sip_secure import open_endpoint
 from bench.talker import AppScript, TalkingApp, caller_tone_ulaw, drive_caller
 
 CALLER_TONE_MS = 1000
@@ -166,11 +167,14 @@ class Worker:
             "affinity": sorted(os.sched_getaffinity(0)),
         }
 
-    async def open_sip(self, sip: list[Any] | None, sip_share: float) -> None:
-        """Drive ``sip_share`` of the calls over SIP/RTP to ``sip`` = [host, port]."""
+    async def open_sip(
+        self, sip: list[Any] | None, sip_share: float, secure: dict[str, Any] | None = None
+    ) -> None:
+        """Drive ``sip_share`` of the calls over SIP/RTP to ``sip`` = [host, port]; ``secure``
+        asks for SRTP and TLS (bench/sip_secure.py)."""
         if sip is None or sip_share <= 0:
             return
-        self.sip = SipEndpoint((str(sip[0]), int(sip[1])))
+        self.sip = open_endpoint((str(sip[0]), int(sip[1])), secure)
         await self.sip.start()
         self.sip_share = sip_share
 
@@ -183,8 +187,9 @@ class Worker:
         up_timeout: float,
         sip: list[Any] | None = None,
         sip_share: float = 0.0,
+        sip_secure: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        await self.open_sip(sip, sip_share)
+        await self.open_sip(sip, sip_share, sip_secure)
         self.open_twilio(base_url)
         started = time.monotonic()
         tasks = []
@@ -434,6 +439,7 @@ async def _serve(index: int) -> None:
                 float(request["up_timeout"]),
                 request.get("sip"),
                 float(request.get("sip_share", 0.0)),
+                request.get("sip_secure"),
             )
         if cmd == "window_start":
             return worker.window_start()
