@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_BACKCHANNEL_WORDS", "is_backchannel", "words_of"]
+__all__ = ["MAX_BACKCHANNEL_WORDS", "is_backchannel", "may_become_backchannel", "words_of"]
 
 #: Longer utterances are never backchannels, whatever their words.
 MAX_BACKCHANNEL_WORDS: Final = 4
@@ -64,6 +64,13 @@ def _phrases(language: str) -> dict[int, frozenset[tuple[str, ...]]]:
 _CACHE: dict[str, dict[int, frozenset[tuple[str, ...]]]] = {}
 
 
+def _phrases_of(language: str) -> dict[int, frozenset[tuple[str, ...]]]:
+    phrases = _CACHE.get(language)
+    if phrases is None:
+        phrases = _CACHE.setdefault(language, _phrases(language))
+    return phrases
+
+
 def is_backchannel(text: str, language: str = "en") -> bool:
     """True when ``text`` is only acknowledgment phrases of ``language`` (see module docstring).
 
@@ -72,9 +79,31 @@ def is_backchannel(text: str, language: str = "en") -> bool:
     words = words_of(text)
     if not words or len(words) > MAX_BACKCHANNEL_WORDS:
         return False
-    phrases = _CACHE.get(language)
-    if phrases is None:
-        phrases = _CACHE.setdefault(language, _phrases(language))
+    return _covered(words, _phrases_of(language))[-1]
+
+
+def may_become_backchannel(text: str, language: str = "en") -> bool:
+    """True when ``text``, the start of an utterance still being spoken, could still end as a
+    backchannel: acknowledgment phrases, the last one perhaps cut short ("I" of "I see", "all" of
+    "all right"). A partial transcript like that must not start a turn (docs/turn-taking.md,
+    "Barge-in")."""
+    words = words_of(text)
+    if not words or len(words) > MAX_BACKCHANNEL_WORDS:
+        return False
+    phrases = _phrases_of(language)
+    covered = _covered(words, phrases)
+    if covered[-1]:
+        return True
+    for i in range(len(words)):
+        if covered[i]:
+            tail = tuple(words[i:])
+            for n in range(len(tail) + 1, max(phrases) + 1):
+                if any(p[: len(tail)] == tail for p in phrases.get(n, frozenset())):
+                    return True
+    return False
+
+
+def _covered(words: list[str], phrases: dict[int, frozenset[tuple[str, ...]]]) -> list[bool]:
     longest = max(phrases)
     # Can words[:i] be cut into phrases? (a tiny dynamic programme; at most 4 words)
     covered = [True] + [False] * len(words)
@@ -84,4 +113,4 @@ def is_backchannel(text: str, language: str = "en") -> bool:
         for n in range(1, min(longest, len(words) - i) + 1):
             if tuple(words[i : i + n]) in phrases.get(n, frozenset()):
                 covered[i + n] = True
-    return covered[-1]
+    return covered

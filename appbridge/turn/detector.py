@@ -16,10 +16,13 @@ Phases: IDLE, CANDIDATE (speech heard, not yet known to be a turn), TURN (``User
 * IDLE --speech--> CANDIDATE.
 * CANDIDATE --> TURN with ``UserStarted`` as soon as either (a) ``confirm_speech_s`` (0.7 s) have
   passed between the onset and a speech frame, or (b) a transcript of the candidate holds a word
-  that is not a backchannel word (:mod:`appbridge.turn.backchannel`). This is why ``UserStarted``
-  waits: a backchannel must never produce it (docs/protocol-session-v1.md, "Interruptions"). Cost:
-  up to 0.7 s from onset for an utterance the STT has not yet transcribed; a short answer ("No.")
-  starts its turn when its final transcript arrives.
+  that is not a backchannel word (:mod:`appbridge.turn.backchannel`), and, for a partial, the
+  text cannot still grow into one ("I" may become "I see": ``guard_prefixes``). This is why
+  ``UserStarted`` waits: a backchannel must never produce it (docs/protocol-session-v1.md,
+  "Interruptions"). Cost: up to 0.7 s from onset for an utterance the STT has not yet transcribed;
+  a short answer ("No.") starts its turn when its final transcript arrives. Why no earlier
+  decision: docs/turn-taking.md, "Barge-in" (``partial_needs_speech`` is a variant compared there,
+  off by default).
 * CANDIDATE --> IDLE with ``Backchannel(text)`` when the caller is silent and a final transcript
   arrived since the last speech frame, and everything transcribed is acknowledgment phrases.
   Silently, when it is empty (a cough), or when ``candidate_wait_s`` (2 s) of silence pass with no
@@ -57,7 +60,7 @@ from enum import Enum
 from typing import Final, Literal, TypeAlias
 
 from appbridge.speech.base import Transcript
-from appbridge.turn.backchannel import is_backchannel, words_of
+from appbridge.turn.backchannel import is_backchannel, may_become_backchannel, words_of
 
 __all__ = [
     "PATIENCE_WAIT_S",
@@ -210,6 +213,11 @@ class TurnDetector:
         # ``transcripts=False``: no STT behind this detector (``speech.stt = "none"``). Turns
         # then end on the pause timers alone, with empty text; nothing waits for words.
         self._transcripts = transcripts
+        # A partial that may still become a backchannel does not start a turn (rule 3).
+        self.guard_prefixes = True
+        # When set, a partial starts a turn only while the caller is still speaking (a variant
+        # measured for early partials, docs/turn-taking.md "Barge-in"; off by default).
+        self.partial_needs_speech = False
         self._t = timing or TurnTiming()
         self._patience: Patience = _patience(patience)
         self._language = language
@@ -339,7 +347,11 @@ class TurnDetector:
         has_words = bool(words_of(self._text()))
         if self._phase is Phase.CANDIDATE:
             text = self._text()
-            if has_words and not is_backchannel(text, self._language):
+            if (
+                has_words
+                and not is_backchannel(text, self._language)
+                and not self._may_be_ack(text)
+            ):
                 self._start_turn(now, events)
             elif not self._speaking and self._fresh_final:
                 if has_words:
@@ -392,6 +404,14 @@ class TurnDetector:
         self._started_at = now
         self._words_seen = bool(words_of(self._text()))
         events.append(UserStarted())
+
+    def _may_be_ack(self, text: str) -> bool:
+        # A partial ("I", "all") may still grow into an acknowledgment ("I see", "all right").
+        if self._partial is None:
+            return False
+        if self.partial_needs_speech and not self._speaking:
+            return True
+        return self.guard_prefixes and may_become_backchannel(text, self._language)
 
     def _end_candidate(self, now: float) -> None:
         self._phase = Phase.IDLE

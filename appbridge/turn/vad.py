@@ -185,7 +185,9 @@ class Segmenter:
     Speech starts after ``onset_frames`` speech frames in a row (as in the turn detector) and
     keeps ``pre_roll_ms`` of audio before it, so word onsets the VAD missed are still heard.
     While an utterance grows, each ``partial_every_ms`` of speech emits a partial utterance (the
-    audio so far); ``endpoint_ms`` of silence closes it with a final one, cut ``tail_ms`` after
+    audio so far); ``early_partials_ms`` adds partials after that much speech from the onset, so
+    the first words reach the turn detector in time for barge-in (docs/turn-taking.md,
+    "Barge-in"); ``endpoint_ms`` of silence closes it with a final one, cut ``tail_ms`` after
     the last speech frame; one longer than ``max_utterance_ms`` is cut there and goes on as the
     next utterance. Times are ms of stream audio from its first sample.
     """
@@ -203,8 +205,12 @@ class Segmenter:
         pre_roll_ms: int = 200,
         tail_ms: int = 100,
         onset_frames: int = 2,
+        early_partials_ms: tuple[int, ...] = (),
     ) -> None:
         self._vad = Vad(rate_hz, vad_aggressiveness, frame_ms=self.FRAME_MS)
+        self._early_ms = tuple(sorted(early_partials_ms))
+        self._speech_ms = 0
+        self._next_early = 0
         self._frame_bytes = self._vad.frame_bytes
         self._endpoint_ms = endpoint_ms
         self._partial_every_ms = partial_every_ms
@@ -254,12 +260,15 @@ class Segmenter:
                 self._last_speech_frame = self._frames_seen
                 self._silence_ms = 0
                 self._speech_since_partial_ms = self._run * self.FRAME_MS
+                self._speech_ms = self._run * self.FRAME_MS
+                self._next_early = 0
             return
         self._buf += frame
         if speech:
             self._silence_ms = 0
             self._last_speech_frame = self._frames_seen
             self._speech_since_partial_ms += self.FRAME_MS
+            self._speech_ms += self.FRAME_MS
         else:
             self._silence_ms += self.FRAME_MS
         if self._silence_ms >= self._endpoint_ms:
@@ -271,9 +280,22 @@ class Segmenter:
             self._start_frame = self._frames_seen
             self._last_speech_frame = self._frames_seen
             self._speech_since_partial_ms = 0
-        elif self._speech_since_partial_ms >= self._partial_every_ms:
+        elif self._speech_since_partial_ms >= self._partial_every_ms or self._early_due():
             self._speech_since_partial_ms = 0
             out.append(self._utterance(bytes(self._buf), self._frames_seen, final=False))
+
+    def _early_due(self) -> bool:
+        if (
+            self._next_early >= len(self._early_ms)
+            or self._speech_ms < self._early_ms[self._next_early]
+        ):
+            return False
+        while (
+            self._next_early < len(self._early_ms)
+            and self._speech_ms >= self._early_ms[self._next_early]
+        ):
+            self._next_early += 1
+        return True
 
     def _finish(self) -> Utterance:
         end_frame = min(self._frames_seen, self._last_speech_frame + self._tail_ms // 20)

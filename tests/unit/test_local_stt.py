@@ -201,7 +201,9 @@ class FakeEngine:
         self.backlog = 0
         self.jobs: list[tuple[bytes, Future[Recognition]]] = []
 
-    def submit(self, pcm16: bytes, hint_ids: Sequence[int]) -> Future[Recognition]:
+    def submit(
+        self, pcm16: bytes, hint_ids: Sequence[int], *, final: bool = True
+    ) -> Future[Recognition]:
         future: Future[Recognition] = Future()
         self.jobs.append((pcm16, future))
         return future

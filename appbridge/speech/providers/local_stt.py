@@ -26,19 +26,25 @@ merged into one decode, counted in ``finals_coalesced``); a newer partial replac
 (``partials_coalesced``); a partial is dropped when the pool's queue holds at least twice as many
 decodes as it has workers (``partials_dropped``) or when its utterance is already final.
 
-Decoding: log-mel features (Whisper's front end, computed here with numpy), the encoder run on a
-window of at least ``min_window_s`` (10 s) rather than Whisper's fixed 30 s, which is 3 to 4
-times faster here and was more accurate on our short telephone utterances; greedy decoding with a
-length cap of 8 tokens per second of audio and no repeated trigrams (Whisper loops on short windows
-without them); hints go in as the "previous text" prompt. A result whose no-speech probability is
-above 0.6 with an average log probability under -1 is taken as no speech (the rule of Whisper's
-own transcribe), and bracketed annotations such as "[BLANK_AUDIO]" are removed.
+Decoding: log-mel features (Whisper's front end, computed here with numpy). A final runs the
+encoder on a window of at least ``min_window_s`` (10 s) rather than Whisper's fixed 30 s, which is
+3 to 4 times faster here and was more accurate on our short telephone utterances, and decodes with
+a beam of 5 (fewer word errors for a little more CPU: docs/turn-taking.md, "Choosing it"). A partial
+is only a preview, so it is decoded greedily on its audio + 1 s. Both cap the length at 8 tokens
+per second of audio and forbid repeated trigrams (Whisper loops on short windows without them).
+Hints go in as the "previous text" prompt. A final shorter than 1.5 s without hints that was heard
+as words but not as an acknowledgment is read a second time with acknowledgments as the previous
+text, and that reading is kept only when it is one: "mm-hmm" then comes out as an acknowledgment
+and not as "And then them", while noise stays silence and a short answer stays itself
+(docs/turn-taking.md, "Barge-in"). A result whose no-speech probability is above 0.6 with an
+average log probability under -1 is taken as no speech (the rule of Whisper's own transcribe), and
+bracketed annotations such as "[BLANK_AUDIO]" are removed. Models: see
+:mod:`appbridge.speech.providers.whisper_models`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import math
 import os
@@ -65,6 +71,8 @@ from appbridge.speech.base import (
 )
 from appbridge.speech.catalog import normalize_language_tag, primary_language
 from appbridge.speech.priority import lower_current_thread_priority
+from appbridge.speech.providers.whisper_models import WhisperModel, packaged_model
+from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
 
 __all__ = [
@@ -93,6 +101,8 @@ _N_FFT: Final = 400
 _HOP: Final = 160
 _N_MELS: Final = 80
 _MAX_FRAMES: Final = 3000  # Whisper's 30 s window
+_ACK_PROMPT: Final = "Mm-hmm. Uh-huh. Okay. Yeah. Right. Sure. I see. Got it."
+_QUICK_MIN_FRAMES: Final = 100  # a partial's window: its audio + 1 s, at least 1 s
 
 
 def _hz_to_mel(hz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -166,10 +176,8 @@ _ANNOTATION_RE: Final = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")
 
 def default_model_dir() -> Path | None:
     """Where the packaged model is, found without importing anything heavy; None if missing."""
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    model = packaged_model()
+    return None if model is None else model.folder
 
 
 class WhisperEngine:
@@ -181,16 +189,28 @@ class WhisperEngine:
 
     def __init__(
         self,
-        model_dir: Path | str | None = None,
+        model_dir: WhisperModel | Path | str | None = None,
         *,
         workers: int | None = None,
         compute_type: str = "int8",
         min_window_s: float = 10.0,
+        beam_size: int = 5,
     ) -> None:
         self.workers = workers or max(1, (os.cpu_count() or 2) // 2)
-        self._model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+        if model_dir is None:
+            self._source = packaged_model()
+        elif isinstance(model_dir, WhisperModel):
+            self._source = model_dir
+        else:
+            self._source = WhisperModel.from_dir(Path(model_dir))
         self._compute_type = compute_type
         self._min_frames = min(_MAX_FRAMES, int(min_window_s * 100))
+        self.beam_size = beam_size
+        # A final this short may be read again with acknowledgments as the previous text (module
+        # docstring); 0 turns it off.
+        self.ack_prompt_below_s = 1.5
+        self.ack_prompt_partials = False
+        self._ack_ids: tuple[int, ...] = ()
         self._pool = ThreadPoolExecutor(
             self.workers,
             thread_name_prefix="local-stt",
@@ -209,7 +229,12 @@ class WhisperEngine:
 
     @property
     def available(self) -> bool:
-        return self._model_dir is not None and (self._model_dir / "model.bin").is_file()
+        return self._source is not None and self._source.available
+
+    @property
+    def model_name(self) -> str:
+        """Which Whisper model this engine runs ("base", "tiny.en"), for logs and benches."""
+        return "none" if self._source is None else self._source.name
 
     @property
     def loaded(self) -> bool:
@@ -244,10 +269,15 @@ class WhisperEngine:
         """Load the model on the pool (a no-op once loaded); raises ProviderUnavailable."""
         return self._pool.submit(self._load)
 
-    def submit(self, pcm16: bytes, hint_ids: Sequence[int]) -> Future[Recognition]:
+    def submit(
+        self, pcm16: bytes, hint_ids: Sequence[int], *, final: bool = True
+    ) -> Future[Recognition]:
+        """Decode ``pcm16`` (16 kHz). A partial (``final=False``) is decoded greedily on a
+        window of only its audio + 1 s, much cheaper: it is there to bring the first
+        words early (docs/turn-taking.md, "Barge-in"), and its final is decoded in full."""
         with self._lock:
             self._waiting += 1
-        return self._pool.submit(self._recognise, pcm16, tuple(hint_ids))
+        return self._pool.submit(self._recognise, pcm16, tuple(hint_ids), final)
 
     def _load(self) -> None:
         with self._lock:
@@ -260,48 +290,85 @@ class WhisperEngine:
                 import tokenizers
             except ImportError:
                 raise ProviderUnavailable("ctranslate2 or tokenizers is not installed") from None
-            assert self._model_dir is not None
+            assert self._source is not None
             started = time.perf_counter()
             try:
-                tokenizer = tokenizers.Tokenizer.from_file(str(self._model_dir / "tokenizer.json"))
+                folder = self._source.folder
+                tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
                 model = ctranslate2.models.Whisper(
-                    str(self._model_dir),
+                    str(folder),
                     device="cpu",
                     compute_type=self._compute_type,
                     inter_threads=self.workers,
                     intra_threads=1,
+                    files=self._source.files(),
                 )
             except (RuntimeError, ValueError, OSError) as exc:
                 log.error("local STT model failed to load: %s", exc)
                 raise ProviderUnavailable("the local STT model failed to load") from None
-            for name in ("<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>"):
+            names = ["<|startoftranscript|>", "<|notimestamps|>", "<|startofprev|>"]
+            if model.is_multilingual:
+                names += ["<|en|>", "<|transcribe|>"]  # else it would guess the language
+            for name in names:
                 token_id = tokenizer.token_to_id(name)
                 if token_id is None:
                     raise ProviderUnavailable("the local STT model has no Whisper tokenizer")
                 self._special[name] = token_id
             self._tokenizer = tokenizer
+            self._ack_ids = tuple(tokenizer.encode(" " + _ACK_PROMPT, add_special_tokens=False).ids)
             self._model = model
             log.info("local STT model loaded in %.2f s", time.perf_counter() - started)
 
-    def _recognise(self, pcm16: bytes, hint_ids: tuple[int, ...]) -> Recognition:
+    def _recognise(self, pcm16: bytes, hint_ids: tuple[int, ...], final: bool) -> Recognition:
         with self._lock:
             self._waiting -= 1
         self._load()
-        import ctranslate2
-
         started = time.perf_counter()
         audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
         duration_s = len(audio) / MODEL_RATE_HZ
-        n_frames = min(_MAX_FRAMES, max(self._min_frames, len(audio) // _HOP + 100))
+        min_frames = self._min_frames if final else _QUICK_MIN_FRAMES
+        n_frames = min(_MAX_FRAMES, max(min_frames, len(audio) // _HOP + 100))
         features = log_mel(audio, n_frames)
-        prompt = [self._special["<|startoftranscript|>"], self._special["<|notimestamps|>"]]
+        beam = self.beam_size if final else 1
+        recognition = self._decode(features, hint_ids, beam, duration_s)
+        if (
+            not hint_ids
+            and (final or self.ack_prompt_partials)
+            and duration_s < self.ack_prompt_below_s
+            and recognition.text
+            and not is_backchannel(recognition.text, "en")
+        ):
+            # Heard as words, but short: read again with acknowledgments as the previous text,
+            # and keep that reading only when it is one (docs/turn-taking.md, "Barge-in").
+            again = self._decode(features, self._ack_ids, beam, duration_s)
+            if is_backchannel(again.text, "en"):
+                recognition = again
+        with self._lock:
+            self.decodes += 1
+            self.audio_s += duration_s
+            self.busy_s += time.perf_counter() - started
+        return recognition
+
+    def _decode(
+        self,
+        features: npt.NDArray[np.float32],
+        hint_ids: Sequence[int],
+        beam_size: int,
+        duration_s: float,
+    ) -> Recognition:
+        import ctranslate2
+
+        prompt = [self._special["<|startoftranscript|>"]]
+        if "<|en|>" in self._special:
+            prompt += [self._special["<|en|>"], self._special["<|transcribe|>"]]
+        prompt.append(self._special["<|notimestamps|>"])
         if hint_ids:
             prompt = [self._special["<|startofprev|>"], *hint_ids, *prompt]
         try:
             result = self._model.generate(
                 ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])),
                 [prompt],
-                beam_size=1,
+                beam_size=beam_size,
                 max_length=len(prompt) + int(8 * duration_s) + 10,
                 no_repeat_ngram_size=3,
                 repetition_penalty=1.1,
@@ -319,10 +386,6 @@ class WhisperEngine:
         if float(result.no_speech_prob) > 0.6 and avg_logprob < -1.0:
             text = ""
         text = " ".join(_ANNOTATION_RE.sub(" ", text).split())
-        with self._lock:
-            self.decodes += 1
-            self.audio_s += duration_s
-            self.busy_s += time.perf_counter() - started
         return Recognition(text, min(1.0, math.exp(min(0.0, avg_logprob))) if text else 0.0)
 
 
@@ -366,7 +429,9 @@ class Recogniser(Protocol):
     @property
     def backlog(self) -> int: ...
 
-    def submit(self, pcm16: bytes, hint_ids: Sequence[int]) -> Future[Recognition]: ...
+    def submit(
+        self, pcm16: bytes, hint_ids: Sequence[int], *, final: bool = True
+    ) -> Future[Recognition]: ...
 
 
 class LocalSttStream:
@@ -462,7 +527,7 @@ class LocalSttStream:
         else:
             return
         self._busy = True
-        future = self._engine.submit(utterance.pcm16, self._hint_ids)
+        future = self._engine.submit(utterance.pcm16, self._hint_ids, final=utterance.final)
         future.add_done_callback(lambda f: self._from_worker(utterance, f))
 
     def _from_worker(self, utterance: Utterance, future: Future[Recognition]) -> None:
@@ -517,11 +582,15 @@ class LocalSttProvider:
         vad_aggressiveness: int = 2,
         endpoint_ms: int = 250,
         partial_every_ms: int = 1000,
+        early_partials_ms: tuple[int, ...] = (),
     ) -> None:
         self._engine = engine
         self._vad_aggressiveness = vad_aggressiveness
         self._endpoint_ms = endpoint_ms
         self._partial_every_ms = partial_every_ms
+        # Off by default: on fragments this short the detector would start turns for
+        # backchannels (docs/turn-taking.md, "Barge-in").
+        self._early_partials_ms = early_partials_ms
 
     @property
     def engine(self) -> WhisperEngine:
@@ -564,5 +633,6 @@ class LocalSttProvider:
             vad_aggressiveness=self._vad_aggressiveness,
             endpoint_ms=self._endpoint_ms,
             partial_every_ms=self._partial_every_ms,
+            early_partials_ms=self._early_partials_ms,
         )
         return LocalSttStream(engine, asyncio.get_running_loop(), tag, rate_hz, hint_ids, segmenter)
