@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from appbridge.carriers import twilio_outbound
+from appbridge.carriers.sip.transaction import Timers
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
 from appbridge.testing.fake_app import FakeApp
 from appbridge.testing.fake_twilio_outbound import Callee
@@ -166,13 +167,22 @@ async def test_ended_twilio_calls_leave_no_cycles(env: Env) -> None:
 
 @sipp_required()
 @pytest.mark.timeout(90)
+def short_sip_timers(gw: Any) -> None:
+    """T1 of 100 ms (RFC 3261 §17.1.1.1 lets a network scale it): the SIP side's keep-after-end
+    timers (32 and 64 x T1) then run out in seconds, not half a minute. Loopback answers in
+    well under 100 ms, so nothing is retransmitted that would not be anyway."""
+    assert gw.sip is not None
+    gw.sip.transport.layer.timers = Timers(t1_s=0.1, t2_s=0.8, t4_s=1.0, d_s=6.4)
+
+
 async def test_ended_sip_calls_leave_no_cycles(tmp_path: Path) -> None:
     async with sip_gateway(41400) as env:
+        short_sip_timers(env.gw)
         with cycles_left() as cycles:
             await _sip_call_ended_by_caller(env, tmp_path)
             await _sip_call_ended_by_app(env, tmp_path)
             await _wait_ended(lambda: len(env.gw.registry))
-            # The SIP side is kept 32 x T1 (16 s) after the end, for retransmissions (Timer J).
+            # The SIP side is kept 32 x T1 after the end, for retransmissions (Timer J).
             sip = env.gw.sip
             assert sip is not None
             await _wait_ended(lambda: len(sip.inbound.calls), timeout_s=40)
@@ -347,8 +357,9 @@ async def test_ended_calls_with_listeners_leave_no_cycles() -> None:
 @pytest.mark.timeout(110)
 async def test_a_cold_transfer_bridge_over_sip_leaves_no_cycles(tmp_path: Path) -> None:
     """The B2BUA path: the gateway dials the party over the trunk (an outbound dial), bridges
-    the caller to it, and the caller hangs up. The dial is kept 64 x T1 (32 s) after it ends."""
+    the caller to it, and the caller hangs up. The dial is kept 64 x T1 after it ends."""
     async with sdk_sip_env() as env:
+        short_sip_timers(env.gw)
         with cycles_left() as cycles:
             caller = env.caller()
             try:
