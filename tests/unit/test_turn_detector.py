@@ -9,6 +9,7 @@ they are exact sums, and compared with ``pytest.approx``.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -505,7 +506,9 @@ def test_synthesised_sentence_is_one_turn(patience: str) -> None:
 def test_synthesised_backchannel_is_not_a_turn(word: str) -> None:
     audio = silence(300) + telephone_speech(word) + silence(2500)
     result = speech_pipeline(audio, "normal")
-    assert kinds(result.events) == ["Backchannel"]
+    # Never a turn. Usually heard as the acknowledgment; eSpeak's output depends on what the
+    # process synthesised before (see below), and a reading with no words is dropped instead.
+    assert kinds(result.events) in (["Backchannel"], []), result.events
 
 
 @needs_model
@@ -527,7 +530,7 @@ def test_synthesised_pause_mid_sentence() -> None:
     # synthesised before in the process (its wavegen state runs on across requests), so the
     # audio is not bit-identical from run to run. Recognition quality has its own tests
     # (test_local_stt.py, tests/integration/test_turns.py); this one is about the pause.
-    words = ended.text.lower().replace(",", " ").split()
+    words = re.sub(r"[^\w\s'-]", " ", ended.text.lower()).split()  # punctuation varies too
     assert words[:5] == first.lower().split(), ended.text
     assert len(words) >= 8, ended.text
 
