@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import re
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Final
 
 from appbridge.media.codecs import PCMU_8K, AudioFormat, Converter
 from appbridge.speech.providers.local import LocalTtsProvider
+from appbridge.testing.wer import word_error_rate
 
 __all__ = [
     "ASTERISK_PROMPTS",
@@ -166,27 +166,3 @@ def asterisk_clips() -> list[Clip]:
             rate = wav.getframerate()
         clips.append(Clip(f"asterisk-{stem}", text, telephone(pcm, rate)))
     return clips
-
-
-_NUMBERS: Final = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five"}
-
-
-def _words(text: str) -> list[str]:
-    words: list[str] = []
-    for word in re.findall(r"[a-z0-9']+", text.lower().replace("-", " ")):
-        if word.isdigit():
-            words.extend(_NUMBERS.get(d, d) for d in word)
-        else:
-            words.append(word)
-    return words
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Levenshtein distance over words, divided by the reference's word count."""
-    ref, hyp = _words(reference), _words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))

@@ -17,7 +17,6 @@ What each test proves:
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from appbridge.media.wav import DecodedAudio
 from appbridge.speech.catalog import default_catalog
 from appbridge.testing import FakeSession
 from appbridge.testing.audio import dominant_freq, goertzel_power, rms_pcm16, tone_pcm16
+from appbridge.testing.wer import word_error_rate as wer
 from tests.integration.baresip import AUDIO_RATE_HZ, Baresip, require_baresip, running_baresip
 from tests.integration.conftest import API_TOKEN, Env, gateway_env
 
@@ -71,17 +71,6 @@ async def speech_pcm16(text: str) -> bytes:
         pcm += chunk.pcm16
         rate = chunk.rate_hz
     return Converter(AudioFormat("pcm16", rate), AudioFormat("pcm16", AUDIO_RATE_HZ)).convert(pcm)
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref = re.findall(r"[a-z']+", reference.lower())
-    hyp = re.findall(r"[a-z']+", hypothesis.lower())
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[len(hyp)] / max(1, len(ref))
 
 
 def tone_windows(pcm16: bytes, rate_hz: int, window_ms: int = 100) -> list[float]:

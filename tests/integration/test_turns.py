@@ -4,11 +4,11 @@ ingress; the gateway's VAD, the offline STT and the turn detector answer with ``
 from __future__ import annotations
 
 import asyncio
-import re
 
 from appbridge.media.codecs import PCMU_8K, AudioFormat, Converter
 from appbridge.speech.catalog import default_catalog
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
+from appbridge.testing.wer import word_error_rate as wer
 from tests.integration.conftest import Env
 from tests.integration.test_session_protocol import connect
 
@@ -22,17 +22,6 @@ async def synthesise_ulaw(text: str) -> bytes:
         pcm += chunk.pcm16
         rate = chunk.rate_hz
     return Converter(AudioFormat("pcm16", rate), PCMU_8K).convert(pcm)
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref = re.findall(r"[a-z']+", reference.lower())
-    hyp = re.findall(r"[a-z']+", hypothesis.lower())
-    d = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[len(hyp)] / max(1, len(ref))
 
 
 async def test_a_spoken_sentence_becomes_a_turn(env: Env) -> None:

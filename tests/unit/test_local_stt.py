@@ -10,7 +10,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import re
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -34,6 +33,7 @@ from appbridge.speech.providers.local_stt import (
     shared_whisper_engine,
 )
 from appbridge.speech.providers.log_mel import _hz_to_mel, log_mel
+from appbridge.testing.wer import word_error_rate
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
 
@@ -72,30 +72,6 @@ def telephone_speech(text: str, rate_hz: int = 8000) -> bytes:
 
 def silence(ms: int, rate_hz: int = 8000) -> bytes:
     return bytes(rate_hz * ms // 1000 * 2)
-
-
-_NUMBERS = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five"}
-
-
-def normalise_words(text: str) -> list[str]:
-    words: list[str] = []
-    for word in re.findall(r"[a-z0-9']+", text.lower().replace("-", " ")):
-        if word.isdigit():
-            words.extend(_NUMBERS.get(d, d) for d in word)
-        else:
-            words.append(word)
-    return words
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Levenshtein distance over words, divided by the reference's word count."""
-    ref, hyp = normalise_words(reference), normalise_words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 needs_model = pytest.mark.skipif(
