@@ -94,6 +94,7 @@ class SipCall:
     retransmitter: AnswerRetransmitter | None = None
     cleanup: asyncio.Task[None] | None = field(default=None, repr=False)
     srtp: SrtpPolicy = "follow"
+    trunk: SipTrunk | None = None  # decided once, at the INVITE: its srtp, its transfers
 
 
 class SipInbound:
@@ -300,7 +301,9 @@ class SipInbound:
             to=called or "",
             carrier="sip",
         )
-        sc = SipCall(invite, peer, new_tag(), call, negotiator, offer, contact, srtp=srtp)
+        sc = SipCall(
+            invite, peer, new_tag(), call, negotiator, offer, contact, srtp=srtp, trunk=trunk
+        )
         self.calls[call_id] = sc
         sc.cleanup = asyncio.get_running_loop().create_task(self._cleanup_after(sc))
         call.spawn(self._answer(sc), "sip-answer")
@@ -364,14 +367,10 @@ class SipInbound:
         uac = self.outbound
         if uac is None:
             return None
-        via = sc.invite.top_via
-        registered = self._registered(sc.invite, sc.peer)
         return SipCallSignalling(
             uac=uac,
             trunks=self.cfg.trunks,
-            trunk=registered[0]
-            if registered is not None
-            else trunk_for_source(self.cfg.trunks, via.received or via.host),
+            trunk=sc.trunk,
             label=f"call {sc.call.call_ref}",
             dialog=lambda: sc.dialog if not sc.finished else None,
             send=lambda request: self.transport.send_request(request, sc.peer),
