@@ -103,11 +103,16 @@ class CallConsole:
 
 
 _consoles: weakref.WeakKeyDictionary[CallRegistry, CallConsole] = weakref.WeakKeyDictionary()
+_unweakable: dict[int, CallConsole] = {}  # stand-ins for a registry that take no weak reference
 
 
 def console_of(registry: CallRegistry) -> CallConsole:
-    """The console of the gateway that ``registry`` belongs to, made on first use."""
-    console = _consoles.get(registry)
-    if console is None:
-        console = _consoles[registry] = CallConsole()
+    """The console of the gateway that ``registry`` belongs to, made on first use and gone with
+    the registry."""
+    try:
+        console = _consoles.get(registry)
+        if console is None:
+            console = _consoles[registry] = CallConsole()
+    except TypeError:
+        console = _unweakable.setdefault(id(registry), CallConsole())
     return console

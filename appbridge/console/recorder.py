@@ -65,9 +65,12 @@ class CallRecorder:
         self._state = ""
         self.ended_at: str | None = None
         self.reason: str | None = None
-        # What the last summaries counted: the call's and the current link's counters.
+        # What the last summaries counted, per direction; the counts of the links the call
+        # had before its current one (a reconnect, a handoff); Twilio-dialect media received.
         self._link: AppLink | None = None
         self._seen = {d: _Counts() for d in ("caller_in", "caller_out", "to_app", "from_app")}
+        self._earlier_out = _Counts()
+        self._earlier_in = _Counts()
         self._twilio_frames = 0
         self._twilio_bytes = 0
         self._level_in = self._level_out = -1  # call.frames_in / frames_out at the last level
@@ -130,13 +133,17 @@ class CallRecorder:
             return
         self._watch_link(call)
         link = self._link
+        out, in_ = self._earlier_out, self._earlier_in
         totals = {
             "caller_in": (call.frames_in, call.frames_in * len(call.last_in)),
             "caller_out": (call.frames_out, call.frames_out * len(call.last_out)),
-            "to_app": (link.audio_out_frames, link.audio_out_bytes) if link else (0, 0),
+            "to_app": (
+                out.frames + (link.audio_out_frames if link else 0),
+                out.bytes + (link.audio_out_bytes if link else 0),
+            ),
             "from_app": (
-                (link.audio_in_frames if link else 0) + self._twilio_frames,
-                (link.audio_in_bytes if link else 0) + self._twilio_bytes,
+                in_.frames + (link.audio_in_frames if link else 0) + self._twilio_frames,
+                in_.bytes + (link.audio_in_bytes if link else 0) + self._twilio_bytes,
             ),
         }
         ms = self.ms()
@@ -150,16 +157,20 @@ class CallRecorder:
                 self.timeline.add(ms, dir_, "audio", "frames", summary, data)
 
     def _watch_link(self, call: Call) -> None:
-        """Tap a link the call took since (a reconnect, a handoff); its counters start at 0."""
+        """Tap a link the call took since (a reconnect, a handoff), and keep what the one before
+        counted: a new link's counters start at 0."""
         link = call.link
         if link is None or link is self._link:
             return
         if link.tap is None:
             link.tap = self
+        old = self._link
+        if old is not None:
+            self._earlier_out.frames += old.audio_out_frames
+            self._earlier_out.bytes += old.audio_out_bytes
+            self._earlier_in.frames += old.audio_in_frames
+            self._earlier_in.bytes += old.audio_in_bytes
         self._link = link
-        self._seen["to_app"] = _Counts()
-        self._seen["from_app"] = _Counts()
-        self._twilio_frames = self._twilio_bytes = 0
 
     # -- the end --------------------------------------------------------------------------------
     @property

@@ -75,13 +75,17 @@ class SessionStore:
 
 
 _stores: weakref.WeakKeyDictionary[object, SessionStore] = weakref.WeakKeyDictionary()
+_unweakable: dict[int, SessionStore] = {}  # stand-ins for a gateway that take no weak reference
 
 
 def sessions_for(gw: Gateway) -> SessionStore:
-    """The gateway's session store, made on first use."""
-    store = _stores.get(gw)
-    if store is None:
-        store = _stores[gw] = SessionStore()
+    """The gateway's session store, made on first use and gone with the gateway."""
+    try:
+        store = _stores.get(gw)
+        if store is None:
+            store = _stores[gw] = SessionStore()
+    except TypeError:
+        store = _unweakable.setdefault(id(gw), SessionStore())
     return store
 
 
