@@ -1,15 +1,18 @@
-"""One call's timeline for the console: numbered entries in a bounded ring, and the cutting of
+"""One call's timeline for the console: numbered entries in bounded rings, and the cutting of
 messages down to what the console may keep (docs/operations.md, "The console and the softphone").
 
-At most :data:`MAX_ENTRIES` entries are kept; the oldest go first and are counted in
-``dropped``. A message is kept parsed, with its strings cut to :data:`MAX_STRING` characters and
-the whole to about :data:`MAX_DATA_BYTES` of JSON. Nothing secret is kept: fields named like a
+At most :data:`MAX_ENTRIES` entries are kept, of which :data:`SAMPLES_KEPT` levels and frame
+counts, and messages within :data:`MAX_EVENT_BYTES`: a call's record stays small however long
+it lasts. The oldest go first and are counted in ``dropped``. A message is kept parsed, with
+its strings cut to :data:`MAX_STRING` characters and the whole to about :data:`MAX_DATA_BYTES`
+of JSON. Nothing secret is kept: fields named like a
 secret are blanked, URLs keep only scheme://host:port (net/plaintext.py ``redact_url``), and the
 configured secrets are taken out of every string (logs.py ``redact``).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from collections import deque
@@ -19,6 +22,13 @@ from appbridge.logs import REDACTED, redact
 from appbridge.net.plaintext import redact_url
 
 MAX_ENTRIES: Final = 2000
+#: Of those, levels and frame counts: the last half minute or so (4 levels and up to 4 counts a
+#: second), what the console's meters and audio lines show.
+SAMPLES_KEPT: Final = 240
+#: What the messages and state changes of one call may hold in all (their data, estimated).
+MAX_EVENT_BYTES: Final = 256 * 1024
+#: The estimated size of an entry besides its message's data.
+ENTRY_BYTES: Final = 400
 MAX_STRING: Final = 500
 MAX_DATA_BYTES: Final = 4096
 MAX_ITEMS: Final = 50  # of a list, or of an object's keys
@@ -29,6 +39,9 @@ _SECRET_NAME: Final = re.compile(r"(?i)secret|token|password|signature|signing|a
 _URL: Final = re.compile(r"(?i)^(wss?|https?)://")
 #: Fields a message's summary is made of, in order of preference.
 _SUMMARY_FIELDS: Final = ("text", "transcript", "reason", "digit", "name", "message", "code")
+
+#: A level or frame count as stored: (seq, ms, dir, kind, a, b).
+Sample = tuple[int, int, str | None, str, float, float]
 
 
 def _cut_string(value: str) -> str:
@@ -103,10 +116,21 @@ def summarise(data: dict[str, Any]) -> str:
 
 
 class Timeline:
-    """Entries numbered from 1, at most ``limit`` of them."""
+    """Entries numbered from 1, at most ``limit`` of them, in two rings: messages and state
+    changes (within ``event_bytes`` of kept data), and the frequent samples (levels and frame
+    counts, at most ``samples_kept``), stored as plain tuples until read. A
+    full ring drops its oldest entry, counted in ``dropped``."""
 
-    def __init__(self, limit: int = MAX_ENTRIES) -> None:
-        self._entries: deque[dict[str, Any]] = deque(maxlen=limit)
+    def __init__(
+        self,
+        limit: int = MAX_ENTRIES,
+        samples_kept: int = SAMPLES_KEPT,
+        event_bytes: int = MAX_EVENT_BYTES,
+    ) -> None:
+        self._events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=limit - samples_kept)
+        self._samples: deque[Sample] = deque(maxlen=samples_kept)
+        self._event_bytes = 0
+        self.event_bytes_limit = event_bytes
         self.seq = 0
         self.dropped = 0
 
@@ -118,30 +142,77 @@ class Timeline:
         type_: str,
         summary: str,
         data: dict[str, Any] | None,
+        *,
+        size: int = ENTRY_BYTES,
     ) -> None:
-        if len(self._entries) == self._entries.maxlen:
+        """A message or a state change; ``size`` is about what it holds, in bytes."""
+        events = self._events
+        if len(events) == events.maxlen:
+            self._drop_event()
+        while events and self._event_bytes + size > self.event_bytes_limit:
+            self._drop_event()
+        self.seq += 1
+        entry = {
+            "seq": self.seq,
+            "ms": ms,
+            "dir": dir_,
+            "kind": kind,
+            "type": type_,
+            "summary": summary,
+            "data": data,
+        }
+        events.append((size, entry))
+        self._event_bytes += size
+
+    def _drop_event(self) -> None:
+        size, _ = self._events.popleft()
+        self._event_bytes -= size
+        self.dropped += 1
+
+    def add_sample(self, ms: int, dir_: str | None, kind: str, a: float, b: float) -> None:
+        """A level (``kind`` "level": in and out dBFS) or a frame count ("audio": frames and
+        bytes of ``dir_``)."""
+        if len(self._samples) == self._samples.maxlen:
             self.dropped += 1
         self.seq += 1
-        self._entries.append(
-            {
-                "seq": self.seq,
-                "ms": ms,
-                "dir": dir_,
-                "kind": kind,
-                "type": type_,
-                "summary": summary,
-                "data": data,
-            }
-        )
+        self._samples.append((self.seq, ms, dir_, kind, a, b))
 
     def after(self, seq: int) -> list[dict[str, Any]]:
         """The entries numbered above ``seq``, oldest first."""
-        entries = self._entries
-        if not entries:
-            return []
-        first = entries[0]["seq"]
-        start = max(0, seq - first + 1)
-        return [entries[i] for i in range(start, len(entries))]
+        events: list[dict[str, Any]] = []
+        for _, entry in reversed(self._events):
+            if entry["seq"] <= seq:
+                break
+            events.append(entry)
+        samples: list[dict[str, Any]] = []
+        for sample in reversed(self._samples):
+            if sample[0] <= seq:
+                break
+            samples.append(_sample_entry(sample))
+        events.reverse()
+        samples.reverse()
+        return list(heapq.merge(events, samples, key=lambda e: int(e["seq"])))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._events) + len(self._samples)
+
+
+def _sample_entry(sample: Sample) -> dict[str, Any]:
+    seq, ms, dir_, kind, a, b = sample
+    if kind == "level":
+        summary = f"in {a:.1f} dBFS, out {b:.1f} dBFS"
+        data: dict[str, Any] = {"in_dbfs": a, "out_dbfs": b}
+        type_ = "level"
+    else:
+        summary = f"{int(a)} frames, {int(b)} bytes"
+        data = {"frames": int(a), "bytes": int(b)}
+        type_ = "frames"
+    return {
+        "seq": seq,
+        "ms": ms,
+        "dir": dir_,
+        "kind": kind,
+        "type": type_,
+        "summary": summary,
+        "data": data,
+    }

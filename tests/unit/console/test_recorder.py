@@ -16,6 +16,7 @@ from appbridge.calls.state import CallState
 from appbridge.clock import VirtualClock
 from appbridge.console.board import TICKS_PER_SUMMARY, CallConsole
 from appbridge.console.levels import SILENCE_DBFS
+from appbridge.console.timeline import SAMPLES_KEPT
 from appbridge.media.codecs import PCM16_8K
 
 
@@ -157,14 +158,24 @@ def test_an_ended_call_moves_to_the_ended_list_and_lets_go() -> None:
 def test_the_timeline_is_bounded_per_call() -> None:
     clock = VirtualClock()
     console = CallConsole()
-    recorder = console.open(fake_call(clock))
+    call = fake_call(clock)
+    recorder = console.open(call)
+    call.link = fake_link()
     for n in range(2100):
         recorder.text_in(json.dumps({"type": "dtmf", "digit": str(n % 10)}).encode())
+    for _ in range(1000):
+        call.frames_in += 1
+        call.last_in = tone(0.1)
+        console.tick()
     page = recorder.timeline_page(0)
-    assert len(page["entries"]) == 2000 and page["dropped"] == 101
-    assert page["next"] == 2101
-    assert recorder.timeline_page(2101)["entries"] == []
-    assert recorder.timeline_page(5000)["next"] == 2101
+    kept = page["entries"]
+    assert len(kept) <= 2000 and page["dropped"] + len(kept) == recorder.timeline.seq
+    assert sum(e["kind"] in ("level", "audio") for e in kept) == SAMPLES_KEPT
+    messages = [e for e in kept if e["kind"] == "message"]
+    assert 0 < len(messages) < 2100 and messages[-1]["data"]["digit"] == "9"
+    assert page["next"] == recorder.timeline.seq
+    assert recorder.timeline_page(page["next"])["entries"] == []
+    assert recorder.timeline_page(99_999)["next"] == recorder.timeline.seq
 
 
 def test_a_new_link_keeps_the_counts_of_the_one_before() -> None:

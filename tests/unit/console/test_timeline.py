@@ -17,16 +17,18 @@ from appbridge.console.timeline import (
 
 
 def test_entries_are_numbered_bounded_and_dropped_oldest_first() -> None:
-    timeline = Timeline(limit=3)
+    timeline = Timeline(limit=5, samples_kept=2)
     for n in range(5):
         timeline.add(n, "to_app", "message", "t", "", {"n": n})
-    assert len(timeline) == 3 and timeline.dropped == 2 and timeline.seq == 5
-    assert [e["seq"] for e in timeline.after(0)] == [3, 4, 5]
-    assert [e["seq"] for e in timeline.after(4)] == [5]
-    assert timeline.after(5) == [] and timeline.after(99) == []
-    entry = timeline.after(4)[0]
-    assert entry == {
-        "seq": 5,
+        timeline.add_sample(n, None, "level", -20.0 - n, -100.0)
+    assert len(timeline) == 5 and timeline.seq == 10
+    assert timeline.dropped == 2 + 3  # 3 kept of 5 messages, 2 of 5 samples
+    assert [e["seq"] for e in timeline.after(0)] == [5, 7, 8, 9, 10]
+    assert [e["seq"] for e in timeline.after(8)] == [9, 10]
+    assert timeline.after(10) == [] and timeline.after(99) == []
+    message, level = timeline.after(8)
+    assert message == {
+        "seq": 9,
         "ms": 4,
         "dir": "to_app",
         "kind": "message",
@@ -34,6 +36,26 @@ def test_entries_are_numbered_bounded_and_dropped_oldest_first() -> None:
         "summary": "",
         "data": {"n": 4},
     }
+    assert level == {
+        "seq": 10,
+        "ms": 4,
+        "dir": None,
+        "kind": "level",
+        "type": "level",
+        "summary": "in -24.0 dBFS, out -100.0 dBFS",
+        "data": {"in_dbfs": -24.0, "out_dbfs": -100.0},
+    }
+    timeline.add_sample(5, "caller_in", "audio", 50, 8000)
+    assert timeline.after(10)[0]["data"] == {"frames": 50, "bytes": 8000}
+    assert timeline.after(10)[0]["summary"] == "50 frames, 8000 bytes"
+
+
+def test_messages_are_kept_within_a_byte_budget() -> None:
+    timeline = Timeline(event_bytes=10_000)
+    for n in range(10):
+        timeline.add(n, "from_app", "message", "speak", "", {"n": n}, size=3000)
+    assert [e["data"]["n"] for e in timeline.after(0)] == [7, 8, 9]
+    assert timeline.dropped == 7
 
 
 def test_a_message_keeps_its_type_and_a_summary() -> None:
