@@ -23,6 +23,7 @@ from appbridge.http.routes_calls import calls_routes, internal_calls_routes
 from appbridge.http.routes_ops import ops_routes
 from appbridge.http.routes_trunks import trunks_routes
 from appbridge.http.routes_twilio import internal_twilio_routes, twilio_routes
+from appbridge.http.routes_webrtc import webrtc_routes
 
 
 def build_app(gw: Gateway) -> Starlette:
@@ -31,6 +32,7 @@ def build_app(gw: Gateway) -> Starlette:
         *calls_routes(gw),
         *trunks_routes(gw),
         *twilio_routes(gw),
+        *webrtc_routes(gw),
         *internal_calls_routes(gw),
         *internal_twilio_routes(gw),
         WebSocketRoute("/demo/session", DemoAppEndpoint(gw)),
