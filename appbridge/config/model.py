@@ -72,19 +72,22 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     max_calls: int = 1000
     max_cpu_percent: float | None = None  # refuse new calls while the process is above this
+    tls: TlsFiles | None = None  # the gateway serves HTTPS (and wss) itself
 
     def base_url(self) -> str:
         """The URL carriers use to reach this gateway; routes are appended to it.
 
-        Without ``public_url`` it is the listening address; a wildcard bind address (``0.0.0.0``,
-        ``::``) is not dialable, so the loopback address of the same family stands in for it.
+        Without ``public_url`` it is the listening address, https when the gateway serves TLS
+        itself (``tls``); a wildcard bind address (``0.0.0.0``, ``::``) is not dialable, so the
+        loopback address of the same family stands in for it.
         """
         if self.public_url is not None:
             return self.public_url
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
