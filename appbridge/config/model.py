@@ -117,6 +117,25 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class IceServer:
+    """One entry of ``[webrtc] ice_servers``: a STUN or TURN server (RFC 8489, RFC 8656)."""
+
+    urls: tuple[str, ...]
+    username: str | None = None
+    credential: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WebRtcConfig:
+    """``[webrtc]``: browser calls (docs/webrtc.md). ``host_addresses`` empty: every interface's
+    address is a host candidate, as aioice does by itself."""
+
+    host_addresses: tuple[str, ...] = ()
+    ice_servers: tuple[IceServer, ...] = ()
+    max_pending_offers: int = 8
+
+
+@dataclass(frozen=True, slots=True)
 class TwilioCarrierConfig:
     """``[carriers.twilio]``: calls from Twilio Programmable Voice.
 
@@ -317,6 +336,7 @@ class Config:
     speech: SpeechConfig | None = None
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     cluster: ClusterConfig | None = None
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     _routes: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

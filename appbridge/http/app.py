@@ -27,6 +27,7 @@ from appbridge.http.routes_ops import ops_routes
 from appbridge.http.routes_trunks import trunks_routes
 from appbridge.http.routes_twilio import internal_twilio_routes, twilio_routes
 from appbridge.http.routes_web import web_routes
+from appbridge.http.routes_webrtc import webrtc_routes
 from appbridge.http.web_auth import auth_routes
 
 
@@ -36,6 +37,7 @@ def build_app(gw: Gateway) -> Starlette:
         *calls_routes(gw),
         *trunks_routes(gw),
         *twilio_routes(gw),
+        *webrtc_routes(gw),
         *internal_calls_routes(gw),
         *internal_twilio_routes(gw),
         *auth_routes(gw),
