@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from appbridge.console.levels import SILENCE_DBFS, dbfs
-from appbridge.console.timeline import ENTRY_BYTES, MAX_DATA_BYTES, Timeline, parse_message
+from appbridge.console.timeline import Timeline, parse_message
 
 if TYPE_CHECKING:
     from appbridge.apps.link import AppLink
@@ -94,8 +94,7 @@ class CallRecorder:
             return
         self.note_state()
         type_, summary, parsed = parse_message(data)
-        size = ENTRY_BYTES + min(len(data), MAX_DATA_BYTES)
-        self.timeline.add(self.ms(), dir_, "message", type_, summary, parsed, size=size)
+        self.timeline.add(self.ms(), dir_, "message", type_, summary, parsed)
 
     # -- sampled by the console's timer ---------------------------------------------------------
     def ms(self) -> int:
@@ -123,7 +122,7 @@ class CallRecorder:
             dbfs(call.last_out, codec) if call.frames_out != self._level_out else SILENCE_DBFS
         )
         self._level_in, self._level_out = call.frames_in, call.frames_out
-        self.timeline.add_sample(self.ms(), None, "level", level_in, level_out)
+        self.timeline.add_level(self.ms(), level_in, level_out)
 
     def sample_audio(self) -> None:
         """One ``frames`` entry per direction that carried audio since the last one."""
@@ -151,7 +150,7 @@ class CallRecorder:
             n, b = frames - seen.frames, size - seen.bytes
             seen.frames, seen.bytes = frames, size
             if n > 0:
-                self.timeline.add_sample(ms, dir_, "audio", n, max(b, 0))
+                self.timeline.add_frames(ms, dir_, n, max(b, 0))
 
     def _watch_link(self, call: Call) -> None:
         """Tap a link the call took since (a reconnect, a handoff), and keep what the one before

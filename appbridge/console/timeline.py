@@ -15,7 +15,10 @@ from __future__ import annotations
 import heapq
 import json
 import re
+import sys
+from array import array
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, Final
 
 from appbridge.logs import REDACTED, redact
@@ -27,8 +30,8 @@ MAX_ENTRIES: Final = 2000
 SAMPLES_KEPT: Final = 240
 #: What the messages and state changes of one call may hold in all (their data, estimated).
 MAX_EVENT_BYTES: Final = 256 * 1024
-#: The estimated size of an entry besides its message's data.
-ENTRY_BYTES: Final = 400
+#: The estimated size of a kept message or state change besides its data and summary.
+ENTRY_BYTES: Final = 160
 MAX_STRING: Final = 500
 MAX_DATA_BYTES: Final = 4096
 MAX_ITEMS: Final = 50  # of a list, or of an object's keys
@@ -39,9 +42,6 @@ _SECRET_NAME: Final = re.compile(r"(?i)secret|token|password|signature|signing|a
 _URL: Final = re.compile(r"(?i)^(wss?|https?)://")
 #: Fields a message's summary is made of, in order of preference.
 _SUMMARY_FIELDS: Final = ("text", "transcript", "reason", "digit", "name", "message", "code")
-
-#: A level or frame count as stored: (seq, ms, dir, kind, a, b).
-Sample = tuple[int, int, str | None, str, float, float]
 
 
 def _cut_string(value: str) -> str:
@@ -115,11 +115,76 @@ def summarise(data: dict[str, Any]) -> str:
     return ""
 
 
+#: The directions of frame counts, by their code in a :class:`SampleRing` (0 is a level).
+_DIRS: Final = (None, "caller_in", "caller_out", "to_app", "from_app")
+_DIR_CODES: Final = {d: n for n, d in enumerate(_DIRS) if d is not None}
+
+
+class SampleRing:
+    """The last ``size`` levels and frame counts in flat arrays: about 33 bytes each, and
+    nothing for the garbage collector to walk."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._seq = array("q", bytes(8 * size))
+        self._ms = array("q", bytes(8 * size))
+        self._code = array("b", bytes(size))
+        self._a = array("d", bytes(8 * size))
+        self._b = array("d", bytes(8 * size))
+        self._next = 0  # where the next sample goes
+        self.count = 0
+
+    def add(self, seq: int, ms: int, code: int, a: float, b: float) -> bool:
+        """Store one; True when it replaced the oldest."""
+        i = self._next
+        self._seq[i], self._ms[i], self._code[i], self._a[i], self._b[i] = seq, ms, code, a, b
+        self._next = (i + 1) % self.size
+        full = self.count == self.size
+        if not full:
+            self.count += 1
+        return full
+
+    def newest_first(self) -> Iterator[tuple[int, int, int, float, float]]:
+        for k in range(1, self.count + 1):
+            i = (self._next - k) % self.size
+            yield self._seq[i], self._ms[i], self._code[i], self._a[i], self._b[i]
+
+
+def _sample_entry(seq: int, ms: int, code: int, a: float, b: float) -> dict[str, Any]:
+    if code == 0:
+        summary = f"in {a:.1f} dBFS, out {b:.1f} dBFS"
+        data: dict[str, Any] = {"in_dbfs": a, "out_dbfs": b}
+        return _entry(seq, ms, None, "level", "level", summary, data)
+    frames, size = int(a), int(b)
+    summary = f"{frames} frames, {size} bytes"
+    return _entry(
+        seq, ms, _DIRS[code], "audio", "frames", summary, {"frames": frames, "bytes": size}
+    )
+
+
+def _entry(
+    seq: int, ms: int, dir_: str | None, kind: str, type_: str, summary: str, data: Any
+) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "ms": ms,
+        "dir": dir_,
+        "kind": kind,
+        "type": type_,
+        "summary": summary,
+        "data": data,
+    }
+
+
+#: A message or state change as stored: (seq, ms, dir, kind, type, summary, data as JSON, size).
+Event = tuple[int, int, str | None, str, str, str, bytes | None, int]
+
+
 class Timeline:
     """Entries numbered from 1, at most ``limit`` of them, in two rings: messages and state
-    changes (within ``event_bytes`` of kept data), and the frequent samples (levels and frame
-    counts, at most ``samples_kept``), stored as plain tuples until read. A
-    full ring drops its oldest entry, counted in ``dropped``."""
+    changes (their data kept as compact JSON, within ``event_bytes``), and the frequent samples
+    (levels and frame counts, at most ``samples_kept``, in a :class:`SampleRing`). A full ring
+    drops its oldest entry, counted in ``dropped``."""
 
     def __init__(
         self,
@@ -127,8 +192,8 @@ class Timeline:
         samples_kept: int = SAMPLES_KEPT,
         event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
-        self._events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=limit - samples_kept)
-        self._samples: deque[Sample] = deque(maxlen=samples_kept)
+        self._events: deque[Event] = deque(maxlen=limit - samples_kept)
+        self._samples = SampleRing(samples_kept)
         self._event_bytes = 0
         self.event_bytes_limit = event_bytes
         self.seq = 0
@@ -142,77 +207,47 @@ class Timeline:
         type_: str,
         summary: str,
         data: dict[str, Any] | None,
-        *,
-        size: int = ENTRY_BYTES,
     ) -> None:
-        """A message or a state change; ``size`` is about what it holds, in bytes."""
+        """A message or a state change."""
+        blob = None if data is None else json.dumps(data, separators=(",", ":")).encode()
+        size = ENTRY_BYTES + len(summary) + (len(blob) if blob is not None else 0)
         events = self._events
         if len(events) == events.maxlen:
             self._drop_event()
         while events and self._event_bytes + size > self.event_bytes_limit:
             self._drop_event()
         self.seq += 1
-        entry = {
-            "seq": self.seq,
-            "ms": ms,
-            "dir": dir_,
-            "kind": kind,
-            "type": type_,
-            "summary": summary,
-            "data": data,
-        }
-        events.append((size, entry))
+        events.append((self.seq, ms, dir_, kind, sys.intern(type_), summary, blob, size))
         self._event_bytes += size
 
     def _drop_event(self) -> None:
-        size, _ = self._events.popleft()
-        self._event_bytes -= size
+        self._event_bytes -= self._events.popleft()[7]
         self.dropped += 1
 
-    def add_sample(self, ms: int, dir_: str | None, kind: str, a: float, b: float) -> None:
-        """A level (``kind`` "level": in and out dBFS) or a frame count ("audio": frames and
-        bytes of ``dir_``)."""
-        if len(self._samples) == self._samples.maxlen:
-            self.dropped += 1
+    def add_level(self, ms: int, in_dbfs: float, out_dbfs: float) -> None:
         self.seq += 1
-        self._samples.append((self.seq, ms, dir_, kind, a, b))
+        self.dropped += self._samples.add(self.seq, ms, 0, in_dbfs, out_dbfs)
+
+    def add_frames(self, ms: int, dir_: str, frames: int, size: int) -> None:
+        self.seq += 1
+        self.dropped += self._samples.add(self.seq, ms, _DIR_CODES[dir_], frames, size)
 
     def after(self, seq: int) -> list[dict[str, Any]]:
         """The entries numbered above ``seq``, oldest first."""
         events: list[dict[str, Any]] = []
-        for _, entry in reversed(self._events):
-            if entry["seq"] <= seq:
+        for number, ms, dir_, kind, type_, summary, blob, _ in reversed(self._events):
+            if number <= seq:
                 break
-            events.append(entry)
+            data = json.loads(blob) if blob is not None else None
+            events.append(_entry(number, ms, dir_, kind, type_, summary, data))
         samples: list[dict[str, Any]] = []
-        for sample in reversed(self._samples):
+        for sample in self._samples.newest_first():
             if sample[0] <= seq:
                 break
-            samples.append(_sample_entry(sample))
+            samples.append(_sample_entry(*sample))
         events.reverse()
         samples.reverse()
         return list(heapq.merge(events, samples, key=lambda e: int(e["seq"])))
 
     def __len__(self) -> int:
-        return len(self._events) + len(self._samples)
-
-
-def _sample_entry(sample: Sample) -> dict[str, Any]:
-    seq, ms, dir_, kind, a, b = sample
-    if kind == "level":
-        summary = f"in {a:.1f} dBFS, out {b:.1f} dBFS"
-        data: dict[str, Any] = {"in_dbfs": a, "out_dbfs": b}
-        type_ = "level"
-    else:
-        summary = f"{int(a)} frames, {int(b)} bytes"
-        data = {"frames": int(a), "bytes": int(b)}
-        type_ = "frames"
-    return {
-        "seq": seq,
-        "ms": ms,
-        "dir": dir_,
-        "kind": kind,
-        "type": type_,
-        "summary": summary,
-        "data": data,
-    }
+        return len(self._events) + self._samples.count

@@ -20,7 +20,7 @@ def test_entries_are_numbered_bounded_and_dropped_oldest_first() -> None:
     timeline = Timeline(limit=5, samples_kept=2)
     for n in range(5):
         timeline.add(n, "to_app", "message", "t", "", {"n": n})
-        timeline.add_sample(n, None, "level", -20.0 - n, -100.0)
+        timeline.add_level(n, -20.0 - n, -100.0)
     assert len(timeline) == 5 and timeline.seq == 10
     assert timeline.dropped == 2 + 3  # 3 kept of 5 messages, 2 of 5 samples
     assert [e["seq"] for e in timeline.after(0)] == [5, 7, 8, 9, 10]
@@ -45,7 +45,7 @@ def test_entries_are_numbered_bounded_and_dropped_oldest_first() -> None:
         "summary": "in -24.0 dBFS, out -100.0 dBFS",
         "data": {"in_dbfs": -24.0, "out_dbfs": -100.0},
     }
-    timeline.add_sample(5, "caller_in", "audio", 50, 8000)
+    timeline.add_frames(5, "caller_in", 50, 8000)
     assert timeline.after(10)[0]["data"] == {"frames": 50, "bytes": 8000}
     assert timeline.after(10)[0]["summary"] == "50 frames, 8000 bytes"
 
@@ -53,7 +53,7 @@ def test_entries_are_numbered_bounded_and_dropped_oldest_first() -> None:
 def test_messages_are_kept_within_a_byte_budget() -> None:
     timeline = Timeline(event_bytes=10_000)
     for n in range(10):
-        timeline.add(n, "from_app", "message", "speak", "", {"n": n}, size=3000)
+        timeline.add(n, "from_app", "message", "speak", "", {"n": n, "text": "x" * 3000})
     assert [e["data"]["n"] for e in timeline.after(0)] == [7, 8, 9]
     assert timeline.dropped == 7
 
