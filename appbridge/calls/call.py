@@ -157,7 +157,8 @@ class Call:
         self.frames_out = 0
         # The console (console/recorder.py): taps the link, samples the last frame each way.
         self.tap: LinkTap | None = None
-        self.last_in = self.last_out = b""
+        self.last_in: bytes = b""
+        self.last_out: bytes = b""
 
     # -- state (calls/state.py) ---------------------------------------------------------------
     @property
