@@ -206,6 +206,8 @@
     call.channel = pc.createDataChannel("appbridge");
     call.channel.addEventListener("open", () => onChannelOpen(call));
     call.channel.addEventListener("message", (event) => onChannelMessage(call, event));
+    // The gateway sends "ended" before it closes; a close without it is a lost connection.
+    call.channel.addEventListener("close", () => finish(call, "ended: connection_closed"));
     pc.addEventListener("track", (event) => onRemoteTrack(call, event));
     pc.addEventListener("connectionstatechange", () => onConnectionState(call));
     await pc.setLocalDescription(await pc.createOffer());
