@@ -56,8 +56,11 @@ lint: install-test
 	$(BIN)/ruff format --check appbridge tests bench examples
 	$(BIN)/mypy
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them, so
+# module fixtures are made once; the tests take their ports from the OS, never fixed ones.
+TEST_WORKERS ?= 2
 test: install-test lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
 	$(BIN)/python -m bench.load $(BENCH_ARGS)

@@ -21,13 +21,14 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Callable
 
 from appbridge import compiled
 from appbridge.config import Config, ConfigError, load_config
 from appbridge.gateway import Gateway
-from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server
+from appbridge.http.uvicorn_server import EmbeddedServer, gateway_server, tls_problem
 from appbridge.net.listen import ListenError, tcp_socket
 
 log = logging.getLogger("appbridge")
@@ -117,8 +118,17 @@ async def run_gateway(
     *,
     ready: Callable[[Gateway, EmbeddedServer], None] | None = None,
 ) -> int:
+    # A TLS pair that cannot be served is one line naming its key, and exit 1 (as a port in use).
+    problem = tls_problem(config.server.tls) if config.server.tls is not None else None
+    if problem is not None:
+        log.error("%s", problem)
+        return 1
     gw = Gateway(config)
-    server = gateway_server(gw, host=config.server.host, port=config.server.port)
+    try:
+        server = gateway_server(gw, host=config.server.host, port=config.server.port)
+    except (ssl.SSLError, OSError) as exc:  # the files changed since the check above
+        log.error("server.tls: %s", exc)
+        return 1
     loop = asyncio.get_running_loop()
     signals = _Signals(gw, config_path)
     signals.install(loop)
@@ -147,7 +157,8 @@ async def run_gateway(
     gc.collect()
     gc.freeze()
     log.info(
-        "AppBridge listening on http://%s:%s (config: %s)",
+        "AppBridge listening on %s://%s:%s (config: %s)",
+        "https" if config.server.tls is not None else "http",
         config.server.host,
         config.server.port,
         config.source,

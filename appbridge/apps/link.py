@@ -58,6 +58,14 @@ class LinkListener(Protocol):
         ...
 
 
+class LinkTap(Protocol):
+    """Sees every JSON message on the link (the call console, console/recorder.py)."""
+
+    def text_in(self, data: bytes) -> None: ...
+
+    def text_out(self, data: bytes) -> None: ...
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests stand a recording link in for it
 class AppLink:
     """A connected link. Create with :func:`dial`."""
@@ -75,10 +83,19 @@ class AppLink:
         self._open = False
         self.audio_dropped_frames = 0
         self._drop_logged = False
+        # The console's view (docs/operations.md): messages go to the tap, audio is only counted.
+        self.tap: LinkTap | None = None
+        self.audio_in_frames = 0
+        self.audio_in_bytes = 0
+        self.audio_out_frames = 0
+        self.audio_out_bytes = 0
 
     # -- wiring ----------------------------------------------------------------------------
     def _on_text(self, data: bytes) -> None:
         self._heard()
+        tap = self.tap
+        if tap is not None:
+            tap.text_in(data)
         if self._listener is None:
             self._backlog.append((True, data))
         else:
@@ -86,6 +103,8 @@ class AppLink:
 
     def _on_binary(self, data: bytes) -> None:
         self._heard()
+        self.audio_in_frames += 1
+        self.audio_in_bytes += len(data)
         if self._listener is None:
             self._backlog.append((False, data))
         else:
@@ -158,6 +177,9 @@ class AppLink:
         if client is None or not self._open:
             return
         client.send_text(data)
+        tap = self.tap
+        if tap is not None:
+            tap.text_out(data)
         if client.write_buffer_bytes > DEAD_ABOVE_BYTES:
             log.warning("app link %s: peer stopped reading; dropping it", redact_url(self.url))
             client.abort()
@@ -185,6 +207,8 @@ class AppLink:
         client = self._client
         if client is None:
             return
+        self.audio_out_frames += 1
+        self.audio_out_bytes += len(data)
         if text:
             client.send_text(data)
         else:

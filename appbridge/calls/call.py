@@ -44,7 +44,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appbridge.apps.dialects import INBOUND_TRACK, OUTBOUND_TRACK, Encoder, encoder_for
-from appbridge.apps.link import AppLink
+from appbridge.apps.link import AppLink, LinkTap
 from appbridge.apps.listeners import ListenerSet
 from appbridge.apps.timers import ReconnectSeries
 from appbridge.calls.adapters import CoreAdapter
@@ -155,6 +155,9 @@ class Call:
         self.ended = asyncio.Event()
         self.frames_in = 0
         self.frames_out = 0
+        # The console (console/recorder.py): taps the link, samples the last frame each way.
+        self.tap: LinkTap | None = None
+        self.last_in = self.last_out = b""
 
     # -- state (calls/state.py) ---------------------------------------------------------------
     @property
@@ -280,6 +283,7 @@ class Call:
         self.start_frame = encoded
         self.link_up_at = self._session_started_at
         self.reconnect_series = None
+        self.link.tap = self.tap
         for message in self.encoder.start(start, encoded):
             self.link.send_control(message)
         self.link.attach(self)
@@ -353,6 +357,7 @@ class Call:
     # -- carrier events -----------------------------------------------------------------------
     def on_carrier_audio(self, payload: bytes) -> None:
         self.frames_in += 1
+        self.last_in = payload
         if self.control.on_hold or self.party is not None:
             return  # on hold the app receives no caller frames at all
         transfer = self.transfer
@@ -449,6 +454,7 @@ class Call:
             if frame is None:
                 break
             self.frames_out += 1
+            self.last_out = frame
             owner: str | None = None
             if heard is not None and frame is not queue.silence_frame:
                 owner = queue.head_item_id

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from appbridge.calls.call import Call
 from appbridge.calls.services import CallServices
+from appbridge.console.board import console_of
 
 if TYPE_CHECKING:
     from appbridge.config import AppConfig
@@ -54,4 +55,5 @@ def open_call(
         metadata=metadata,
     )
     services.registry.add(call)
+    console_of(services.registry).open(call)
     return call

@@ -23,6 +23,7 @@ from appbridge.config.model import AppConfig, Config, ConfigError, ServerConfig,
 from appbridge.config.schema import Reader
 from appbridge.config.server import parse_api, parse_http, parse_media, parse_server
 from appbridge.config.speech import parse_speech_providers, with_provider_voices
+from appbridge.config.webrtc import parse_webrtc
 
 TOP_LEVEL_KEYS = (
     "server",
@@ -35,6 +36,7 @@ TOP_LEVEL_KEYS = (
     "apps",
     "numbers",
     "cluster",
+    "webrtc",
 )
 
 
@@ -96,6 +98,7 @@ def parse_config(
     numbers = parse_numbers(reader, data, apps)
     logging_config = parse_logging(reader, data)
     cluster = parse_cluster(reader, data)
+    webrtc = parse_webrtc(reader, data)
     _check_across_sections(reader, server, twilio is not None, speech, apps)
     if reader.problems:
         raise ConfigError(reader.problems)
@@ -113,6 +116,7 @@ def parse_config(
         speech=speech,
         logging=logging_config,
         cluster=cluster,
+        webrtc=webrtc,
     )
 
 

@@ -72,19 +72,22 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     max_calls: int = 1000
     max_cpu_percent: float | None = None  # refuse new calls while the process is above this
+    tls: TlsFiles | None = None  # the gateway serves HTTPS (and wss) itself
 
     def base_url(self) -> str:
         """The URL carriers use to reach this gateway; routes are appended to it.
 
-        Without ``public_url`` it is the listening address; a wildcard bind address (``0.0.0.0``,
-        ``::``) is not dialable, so the loopback address of the same family stands in for it.
+        Without ``public_url`` it is the listening address, https when the gateway serves TLS
+        itself (``tls``); a wildcard bind address (``0.0.0.0``, ``::``) is not dialable, so the
+        loopback address of the same family stands in for it.
         """
         if self.public_url is not None:
             return self.public_url
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,25 @@ class ClusterConfig:
     redis_url: str = field(repr=False)
     internal_url: str
     secret: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class IceServer:
+    """One entry of ``[webrtc] ice_servers``: a STUN or TURN server (RFC 8489, RFC 8656)."""
+
+    urls: tuple[str, ...]
+    username: str | None = None
+    credential: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WebRtcConfig:
+    """``[webrtc]``: browser calls (docs/webrtc.md). ``host_addresses`` empty: every interface's
+    address is a host candidate, as aioice does by itself."""
+
+    host_addresses: tuple[str, ...] = ()
+    ice_servers: tuple[IceServer, ...] = ()
+    max_pending_offers: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +336,7 @@ class Config:
     speech: SpeechConfig | None = None
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     cluster: ClusterConfig | None = None
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     _routes: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

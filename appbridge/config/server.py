@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from appbridge.config.model import ApiConfig, HttpConfig, MediaConfig, ServerConfig
+from appbridge.config.model import ApiConfig, HttpConfig, MediaConfig, ServerConfig, TlsFiles
 from appbridge.config.schema import (
     Reader,
     check_ca_bundle,
@@ -59,6 +59,7 @@ def parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Ser
             "drain_timeout_s",
             "max_calls",
             "max_cpu_percent",
+            "tls",
         ),
     )
     defaults = ServerConfig()
@@ -98,9 +99,27 @@ def parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Ser
         if "max_cpu_percent" in table
         else None
     )
+    tls = _server_tls(reader, table, base_dir)
     return ServerConfig(
-        host, port, public_url, ca_bundle, drain_timeout_s, max_calls, max_cpu_percent
+        host, port, public_url, ca_bundle, drain_timeout_s, max_calls, max_cpu_percent, tls
     )
+
+
+def _server_tls(reader: Reader, table: Mapping[str, Any], base_dir: Path) -> TlsFiles | None:
+    """``tls = { cert_file, key_file }``, relative paths read from the config's folder. The files
+    themselves are checked when the listener opens (a problem there is exit 1, like a port in
+    use; docs/operations.md), not here."""
+    tls = reader.table(table, "tls", "server.tls")
+    if tls is None:
+        return None
+    reader.check_keys("server.tls", tls, ("cert_file", "key_file"))
+    paths: list[str] = []
+    for key in ("cert_file", "key_file"):
+        raw = reader.string(tls, key, f"server.tls.{key}", required=True)
+        if raw is not None:
+            file_path = Path(raw).expanduser()
+            paths.append(str(file_path if file_path.is_absolute() else base_dir / file_path))
+    return TlsFiles(paths[0], paths[1]) if len(paths) == 2 else None
 
 
 def parse_http(reader: Reader, data: Mapping[str, Any]) -> HttpConfig | None:

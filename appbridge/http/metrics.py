@@ -20,6 +20,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from appbridge.carriers.sip.srtp import DROPS
+
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
 
@@ -64,6 +66,7 @@ class GatewayCollector:
         yield from self._gc()
         yield from self._node()
         yield from self._registrations()
+        yield self._srtp_dropped()
 
     def _registrations(self) -> Iterator[Metric]:
         """Registering trunks per state (docs/sip.md, "Registering with a trunk")."""
@@ -76,6 +79,17 @@ class GatewayCollector:
         for state, count in sip.registrations.counts().items():
             family.add_metric((state,), count)
         yield family
+
+    def _srtp_dropped(self) -> Metric:
+        """SRTP packets dropped by every leg so far (docs/sip.md, "SRTP (SDES)")."""
+        family = CounterMetricFamily(
+            "appbridge_srtp_packets_dropped_total",
+            "SRTP packets dropped: failed authentication (auth) or replayed (replay).",
+            labels=("reason",),
+        )
+        family.add_metric(("auth",), DROPS.auth_failures)
+        family.add_metric(("replay",), DROPS.replays)
+        return family
 
     def _node(self) -> Iterator[Metric]:
         gw = self.gw

@@ -5,6 +5,9 @@ The gateway's server serves ``WS /twilio/stream`` on the WebSocket fast path
 ``APPBRIDGE_WS_FASTPATH=off`` in the environment serves the stream through ASGI too (the same
 behaviour, at about 20 % more of the gateway's CPU under load): an operator's way out should the
 fast path ever misbehave, and the benchmark's A/B switch.
+
+With ``[server] tls`` (docs/configuration.md) the same listener speaks TLS 1.2 or later: every
+route, the fast path included, is then served over https and wss.
 """
 
 from __future__ import annotations
@@ -12,17 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from appbridge.config.tls import check_key_pair
 from appbridge.http.head_deadline import HeadDeadline
 from appbridge.http.ws_router import RoutingWsProtocol, fast_ws_protocol
 from appbridge.net.ws_fastpath import Acceptor
 
 if TYPE_CHECKING:
+    from appbridge.config.model import TlsFiles
     from appbridge.gateway import Gateway
 
 FASTPATH_ENV = "APPBRIDGE_WS_FASTPATH"
@@ -103,15 +109,42 @@ def fast_routes(gw: Gateway) -> dict[str, Acceptor]:
     return {"/twilio/stream": accept_twilio_stream(gw)}
 
 
+def tls_problem(tls: TlsFiles) -> str | None:
+    """Why ``[server] tls`` cannot be served, in one line naming its key; None when it can."""
+    for key, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
+        try:
+            with open(path, "rb") as handle:
+                handle.read(1)
+        except OSError as exc:
+            return f"server.tls.{key}: cannot read {path}: {exc.strerror or exc}"
+    message = check_key_pair(tls.cert_file, tls.key_file)
+    return None if message is None else f"server.tls: {message}"
+
+
+def server_ssl_context(tls: TlsFiles) -> ssl.SSLContext:
+    """The listener's TLS context: TLS 1.2 at least (RFC 8996 retires 1.0 and 1.1), HTTP/1.1
+    offered by ALPN (RFC 7301). Raises ``ssl.SSLError`` or ``OSError`` for an unusable pair."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    return context
+
+
 def gateway_server(
     gw: Gateway, *, fastpath: bool | None = None, **overrides: object
 ) -> EmbeddedServer:
     """The gateway's HTTP server: its Starlette app, plus the fast WebSocket routes unless
-    ``fastpath`` is False (default: :func:`fastpath_enabled`)."""
+    ``fastpath`` is False (default: :func:`fastpath_enabled`); over TLS with ``[server] tls``."""
     from appbridge.http.app import build_app
 
     if fastpath is None:
         fastpath = fastpath_enabled()
     if fastpath:
         overrides.setdefault("ws", fast_ws_protocol(fast_routes(gw)))
-    return EmbeddedServer(uvicorn_config(build_app(gw), **overrides))
+    config = uvicorn_config(build_app(gw), **overrides)
+    tls = gw.config.server.tls
+    if tls is not None:
+        config.load()  # uvicorn loads once; the context set here is the one it serves with
+        config.ssl = server_ssl_context(tls)
+    return EmbeddedServer(config)

@@ -80,13 +80,19 @@ def free_port(kind: int = socket.SOCK_STREAM, *, also_udp: bool = False) -> int:
             port = int(s.getsockname()[1])
         if not also_udp:
             return port
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                u.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return port
+        # baresip's SIP port over UDP too, and its TLS transport's on the next port.
+        if _bindable(port, socket.SOCK_DGRAM) and _bindable(port + 1, socket.SOCK_STREAM):
+            return port
     raise RuntimeError("no free port on 127.0.0.1")
+
+
+def _bindable(port: int, kind: int) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def _netstring(payload: dict[str, Any]) -> bytes:

@@ -142,25 +142,42 @@ async def socat_to(env: TlsEnv) -> AsyncIterator[int]:
     """A socat that takes plain TCP on a local port and carries it over TLS to the gateway,
     checking the gateway's certificate for ``localhost`` against the test CA (module doc)."""
     binary = require_socat()
-    port = free_port(socket.SOCK_STREAM)
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
-        f"OPENSSL:127.0.0.1:{env.tls_port},cafile={env.ca.cert_file},commonname=localhost",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    for _ in range(5):
+        port = free_port(socket.SOCK_STREAM)
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+            f"OPENSSL:127.0.0.1:{env.tls_port},cafile={env.ca.cert_file},commonname=localhost",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        if await _socat_listening(proc, port):
+            break
+        # Another process took the port between the pick and socat's bind: pick again.
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+    else:
+        pytest.fail("socat did not start on any of 5 free ports")
     try:
-        for _ in range(300):
-            if port_taken(port, socket.SOCK_STREAM) or proc.returncode is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert proc.returncode is None, "socat did not start"
         yield port
     finally:
         if proc.returncode is None:
             proc.terminate()
             await proc.wait()
+
+
+async def _socat_listening(proc: asyncio.subprocess.Process, port: int) -> bool:
+    """True once socat holds ``port`` and is still alive a moment later (a socat that lost the
+    port to another process exits at once)."""
+    for _ in range(300):
+        if proc.returncode is not None:
+            return False
+        if port_taken(port, socket.SOCK_STREAM):
+            await asyncio.sleep(0.05)
+            return proc.returncode is None
+        await asyncio.sleep(0.01)
+    return False
 
 
 async def sipp_call_over_tls(env: TlsEnv, tmp: Path) -> None:

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"config", "media", "logs"},
     {"speech", "turn"},
     {"apps"},
-    {"calls"},
+    {"calls", "console"},
     {"carriers", "cluster"},
     {"admission", "gateway"},
     {"http", "demo", "server", "cli", "__main__", "caller", "sdk", "testing"},

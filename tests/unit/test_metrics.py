@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from appbridge.carriers.sip.srtp import DROPS
 from appbridge.config import default_config
 from appbridge.gateway import Gateway
 from appbridge.http.app import build_app
@@ -41,6 +42,7 @@ FAMILIES = {
     "appbridge_draining": "gauge",
     "appbridge_cluster_redis_errors": "counter",
     "appbridge_cluster_forwarded_requests": "counter",
+    "appbridge_srtp_packets_dropped": "counter",
 }
 
 
@@ -133,3 +135,13 @@ async def test_the_route_answers_with_the_library_content_type(gw: Gateway) -> N
     assert response.status_code == 200
     assert response.headers["content-type"] == CONTENT_TYPE_LATEST
     assert "appbridge_calls_live" in families(response.text)
+
+
+async def test_srtp_drops_are_the_process_totals(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(DROPS, "auth_failures", 12)
+    monkeypatch.setattr(DROPS, "replays", 3)
+    text = render_metrics(gw)
+    assert parse_metric(text, "appbridge_srtp_packets_dropped_total", {"reason": "auth"}) == 12
+    assert parse_metric(text, "appbridge_srtp_packets_dropped_total", {"reason": "replay"}) == 3

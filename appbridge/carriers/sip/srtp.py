@@ -8,8 +8,10 @@ so an SSRC change of the peer needs no new key). libsrtp keeps the rollover coun
 A packet that fails authentication or the replay check is dropped and counted
 (`auth_failures`, `replays`) and never raises: a forged, stale or corrupted datagram costs the
 call nothing but that packet (docs/sip.md, "SRTP (SDES)"). One warning per `LOG_INTERVAL_S`
-at most reports the drops of a call. RTCP multiplexed on the RTP port (RFC 5761) is told
-apart by its packet type and goes through the SRTCP side of the inbound session.
+at most reports the drops of a call, and `DROPS` adds up every leg's for ``/metrics``
+(``appbridge_srtp_packets_dropped_total``, docs/operations.md). RTCP multiplexed on the RTP
+port (RFC 5761) is told apart by its packet type and goes through the SRTCP side of the inbound
+session.
 
 `rekey` follows a re-INVITE that changed a key (RFC 4568 §7.1.4): only the side whose key
 changed gets a new session.
@@ -25,7 +27,7 @@ from pylibsrtp import Policy, Session
 
 from appbridge.carriers.sip.sdes import SrtpKeys
 
-__all__ = ["LOG_INTERVAL_S", "SrtpStreams"]
+__all__ = ["DROPS", "LOG_INTERVAL_S", "SrtpDrops", "SrtpStreams"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,19 @@ _PROFILES: Final[dict[str, int]] = {
     "AES_CM_128_HMAC_SHA1_80": Policy.SRTP_PROFILE_AES128_CM_SHA1_80,
     "AES_CM_128_HMAC_SHA1_32": Policy.SRTP_PROFILE_AES128_CM_SHA1_32,
 }
+
+
+class SrtpDrops:
+    """Packets every leg of the process dropped, by cause; a counter survives its call."""
+
+    __slots__ = ("auth_failures", "replays")
+
+    def __init__(self) -> None:
+        self.auth_failures = 0
+        self.replays = 0
+
+
+DROPS: Final = SrtpDrops()
 
 
 def _session(key: bytes, suite: str, ssrc_type: int) -> Session:
@@ -110,10 +125,13 @@ class SrtpStreams:
         except LibSrtpError as exc:
             if "replay" in str(exc) or "too old" in str(exc):
                 self.replays += 1
+                DROPS.replays += 1
             else:
                 self.auth_failures += 1
+                DROPS.auth_failures += 1
         except (ValueError, IndexError):
             self.auth_failures += 1  # too long for libsrtp's buffer, or an unlisted status
+            DROPS.auth_failures += 1
         self._log_drops(now)
         return None
 

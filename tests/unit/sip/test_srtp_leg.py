@@ -19,7 +19,7 @@ from appbridge.carriers.sip.offer_answer import NegotiatedAudio
 from appbridge.carriers.sip.rtp import RtpPacket, RtpSender
 from appbridge.carriers.sip.sdes import SrtpKeys, new_key
 from appbridge.carriers.sip.sdp import PCMU
-from appbridge.carriers.sip.srtp import SrtpStreams
+from appbridge.carriers.sip.srtp import DROPS, SrtpStreams
 from appbridge.clock import VirtualClock
 
 PEER = ("127.0.0.1", 40000)
@@ -115,6 +115,7 @@ def test_replayed_and_tampered_packets_are_dropped_and_counted(
     send_frames(alice, deferred, FRAMES[:3])
     for data in wire:
         bob.datagram_received(data, PEER, clock.now())
+    replays_before, auth_before = DROPS.replays, DROPS.auth_failures
     bob.datagram_received(wire[1], PEER, clock.now())  # replayed
     send_frames(alice, deferred, FRAMES[3:4])
     tampered = bytearray(wire[3])
@@ -126,6 +127,8 @@ def test_replayed_and_tampered_packets_are_dropped_and_counted(
     srtp = bob.srtp
     assert srtp is not None
     assert (srtp.replays, srtp.auth_failures) == (1, 3)
+    # The process-wide totals behind /metrics moved by as much.
+    assert (DROPS.replays - replays_before, DROPS.auth_failures - auth_before) == (1, 3)
     assert heard.audio == FRAMES[:3]
     # The genuine packet still gets through after the forged one.
     bob.datagram_received(wire[3], PEER, clock.now())

@@ -1,0 +1,1 @@
+"""Calls from a browser over WebRTC (docs/webrtc.md): signalling, the leg, its media."""

@@ -1,0 +1,136 @@
+"""Audio between aiortc's frames and the engine's 20 ms frames, both ways.
+
+Inbound, aiortc's decoders hand over ``av.AudioFrame`` objects: Opus as 48 kHz interleaved
+stereo ``s16`` (RFC 7587 §4: the RTP clock of Opus is always 48 kHz, and libopus decodes to
+stereo), G.711 as 8 kHz mono ``s16``. :class:`InboundAudio` turns them into the leg's format,
+mono ``pcm16`` at 16 kHz or 8 kHz, cut into exact 20 ms frames for ``on_carrier_audio``. The
+channel mix and the rate change go through audioop and the project's ``media/resample.py``
+rather than ``av.AudioResampler``: the same job measures at about half the CPU that way
+(docs/PERFORMANCE.md, "Browser calls (WebRTC)"). A frame in another layout or sample format
+(not something aiortc produces today) falls back to ``av.AudioResampler``.
+
+Outbound, :class:`OutboundAudio` wraps each 20 ms frame of the engine as aiortc's RTP sender
+wants it: an ``av.AudioFrame`` with a running ``pts`` in samples and ``time_base`` 1/rate
+(Opus: aiortc encodes it), or for G.711 an ``av.Packet`` already encoded with audioop, which
+the sender packetises as it is (its ``pack`` path) instead of re-encoding the frame in a worker
+thread.
+"""
+
+from __future__ import annotations
+
+import fractions
+import warnings
+from typing import Any, Final
+
+import av
+
+from appbridge.media.codecs import PCM16_8K, PCM16_16K, AudioFormat
+from appbridge.media.resample import RatecvState, ratecv
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+#: The engine format of each codec a browser may negotiate (``leg_format``).
+_OPUS: Final = "opus"
+_G711: Final = ("pcmu", "pcma")
+FRAME_MS: Final = 20
+
+
+def leg_format(codec: str) -> AudioFormat:
+    """The leg's format for a negotiated codec (aiortc's codec name, any case).
+
+    Opus carries wideband speech, and 16 kHz linear PCM keeps what speech recognition uses of it
+    at a third of the samples of 48 kHz; G.711 is 8 kHz audio, so 8 kHz linear PCM loses nothing
+    and costs no resampling on the way in (docs/protocol-session-v1.md, ``session.start``: the
+    engine converts to the app's format either way)."""
+    name = codec.lower()
+    if name == _OPUS:
+        return PCM16_16K
+    if name in _G711:
+        return PCM16_8K
+    raise ValueError(f"a browser leg cannot carry {codec}")
+
+
+class InboundAudio:
+    """aiortc's decoded frames to exact 20 ms frames of mono pcm16 at ``rate_hz`` (module doc)."""
+
+    __slots__ = ("_fallback", "_frame_bytes", "_pending", "_rate", "_state")
+
+    def __init__(self, rate_hz: int) -> None:
+        self._rate = rate_hz
+        self._frame_bytes = rate_hz * FRAME_MS // 1000 * 2
+        self._pending = bytearray()
+        self._state: RatecvState | None = None
+        self._fallback: av.AudioResampler | None = None
+
+    def _pcm(self, frame: av.AudioFrame) -> bytes:
+        """The frame as mono pcm16 at the leg's rate."""
+        channels = len(frame.layout.channels)
+        if frame.format.name != "s16" or channels > 2:
+            return self._resampled(frame)
+        data = bytes(frame.planes[0])[: frame.samples * channels * 2]
+        if channels == 2:
+            data = audioop.tomono(data, 2, 0.5, 0.5)
+        if frame.sample_rate != self._rate:
+            data, self._state = ratecv(data, frame.sample_rate, self._rate, self._state)
+        return data
+
+    def _resampled(self, frame: av.AudioFrame) -> bytes:
+        if self._fallback is None:
+            self._fallback = av.AudioResampler(format="s16", layout="mono", rate=self._rate)
+        return b"".join(
+            bytes(out.planes[0])[: out.samples * 2] for out in self._fallback.resample(frame)
+        )
+
+    def convert(self, frame: av.AudioFrame) -> list[bytes]:
+        """The whole 20 ms frames this decoded frame completes (none, one or a few)."""
+        data = self._pcm(frame)
+        size = self._frame_bytes
+        pending = self._pending
+        if not pending and len(data) == size:
+            return [data]
+        pending += data
+        frames = []
+        while len(pending) >= size:
+            frames.append(bytes(pending[:size]))
+            del pending[:size]
+        return frames
+
+
+class OutboundAudio:
+    """The engine's 20 ms pcm16 frames as what aiortc's RTP sender takes (module doc)."""
+
+    __slots__ = ("_encode", "_pts", "_rate", "_samples", "_time_base")
+
+    def __init__(self, audio_format: AudioFormat, codec: str) -> None:
+        name = codec.lower()
+        self._rate = audio_format.rate_hz
+        self._samples = audio_format.samples_for_ms(FRAME_MS)
+        self._time_base = fractions.Fraction(1, self._rate)
+        self._pts = 0
+        self._encode = {"pcmu": audioop.lin2ulaw, "pcma": audioop.lin2alaw}.get(name)
+
+    @property
+    def pts(self) -> int:
+        """The next frame's timestamp, in samples since the first."""
+        return self._pts
+
+    def wrap(self, pcm16: bytes) -> av.AudioFrame | av.Packet[Any]:
+        """One frame, stamped with the next ``pts``; a short frame is padded with silence."""
+        size = self._samples * 2
+        if len(pcm16) != size:
+            pcm16 = (pcm16 + bytes(size))[:size]
+        pts = self._pts
+        self._pts = pts + self._samples
+        if self._encode is not None:
+            packet = av.Packet(self._encode(pcm16, 2))
+            packet.pts = pts
+            packet.time_base = self._time_base
+            return packet
+        frame = av.AudioFrame(format="s16", layout="mono", samples=self._samples)
+        frame.planes[0].update(pcm16)
+        frame.sample_rate = self._rate
+        frame.pts = pts
+        frame.time_base = self._time_base
+        return frame

@@ -1,0 +1,1 @@
+document.getElementById("status").dataset.loaded = "yes";
