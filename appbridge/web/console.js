@@ -30,8 +30,14 @@
   async function api(path, options = {}) {
     const res = await fetch(path, { credentials: "same-origin", ...options });
     if (res.status === 401) {
-      window.location.reload();
-      throw new Error("login required");
+      // Reload once (the gateway then shows its login form); a second 401 soon after means
+      // this route refuses what the page was allowed with, and reloading again would loop.
+      const last = Number(sessionStorage.getItem("appbridge-reloaded") || 0);
+      if (Date.now() - last > 30000) {
+        sessionStorage.setItem("appbridge-reloaded", String(Date.now()));
+        window.location.reload();
+      }
+      throw new Error(`unauthorized (${path})`);
     }
     return res;
   }
