@@ -73,12 +73,15 @@
       ui.numbers.append(option);
     }
     if (!ui.number.value && numbers.length > 0) ui.number.value = String(numbers[0].number);
-    for (const name of Array.isArray(dir.apps) ? dir.apps : []) {
+    const apps = Array.isArray(dir.apps) ? dir.apps : [];
+    for (const name of apps) {
       const option = document.createElement("option");
       option.value = String(name);
       option.textContent = String(name);
       ui.app.append(option);
     }
+    // No number to dial (only a "*" route, as in the embedded default): call the first app.
+    if (numbers.length === 0 && apps.length > 0 && !ui.number.value) ui.app.value = String(apps[0]);
   }
 
   // ------------------------------------------------------------------ page state
