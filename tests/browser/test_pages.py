@@ -176,12 +176,14 @@ async def test_the_console_follows_a_call_live_and_after_it_ended(browser_env: B
         await console.wait_for_selector(
             '#timeline li[data-kind="message"][data-type="session.start"]', state="attached"
         )
-        await session.send({"type": "speak", "id": "s1", "text": "This line is on the console."})
+        await session.send({"type": "speak", "id": "s1", "text": "This <b>line</b> is shown."})
         await console.wait_for_selector(
             '#timeline li[data-kind="message"][data-type="speak"]', state="attached"
         )
         speak_row = console.locator('#timeline li[data-type="speak"]').first
         assert await speak_row.get_attribute("data-dir") == "from_app"
+        assert "<b>line</b>" in str(await speak_row.text_content())  # text, never markup
+        assert await console.locator("#timeline b").count() == 0
 
         async def levels_shown() -> bool:
             return await dbfs_of(console, "#level-in") > -100
@@ -250,6 +252,22 @@ async def test_pages_need_a_login_off_loopback(browser_env: BrowserEnv) -> None:
             end = await session.wait_for("session.end", timeout=10)
             assert end["reason"] == "caller_hangup"
     assert API_TOKEN not in gateway.log.read_text(errors="replace")
+
+
+async def test_a_refused_call_shows_the_gateways_message(browser_env: BrowserEnv) -> None:
+    env = browser_env
+    async with page_at(env, env.gateway.base + "/phone") as page:
+        await poll(lambda: page.input_value("#number"), 10, "the directory's first number")
+        await page.fill("#number", "+15559990000")  # no route for it
+        await page.click("#call")
+
+        async def refused() -> str:
+            status = await status_of(page)
+            return status if status.startswith("error: ") else ""
+
+        status = await poll(refused, 15, "an error in #status")
+        assert len(status) > len("error: ")
+        assert await page.is_enabled("#call")  # ready for the next try
 
 
 # The page's side of the echo measurement: a silent oscillator replaces the microphone; once the
