@@ -52,9 +52,8 @@ async def browser_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     await agent.start()
     await echo.start()
     try:
-        # [api] tokens: the Bearer of test_pages.WEBRTC_ROUTES_TAKE_BEARER_ONLY.
         async with (
-            gateway_process(folder, agent.url, echo.url, tokens=True) as gateway,
+            gateway_process(folder, agent.url, echo.url) as gateway,
             async_playwright() as playwright,
         ):
             browser = await playwright.chromium.launch(

@@ -32,15 +32,6 @@ from tests.browser.support import (
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
 AGENT_NUMBER = "+15550001000"
-#: Workaround: /v1/webrtc/* take only the /v1 API's Bearer check so far, not the pages' login
-#: (a loopback gateway or the session cookie), so the page's own requests there would get 401.
-#: The pages' context adds the Bearer header to those requests until the routes use web_guard.
-WEBRTC_ROUTES_TAKE_BEARER_ONLY = True
-
-
-async def add_bearer(route: Any) -> None:
-    headers = {**route.request.headers, "authorization": f"Bearer {API_TOKEN}"}
-    await route.continue_(headers=headers)
 
 
 @asynccontextmanager
@@ -48,8 +39,6 @@ async def page_at(env: BrowserEnv, url: str, base: str | None = None) -> AsyncIt
     """A page in a fresh browser context (its own cookies), microphone allowed for the origin."""
     context = await env.browser.new_context(viewport={"width": 1100, "height": 900})
     await context.grant_permissions(["microphone"], origin=base or env.gateway.base)
-    if WEBRTC_ROUTES_TAKE_BEARER_ONLY:
-        await context.route("**/v1/webrtc/**", add_bearer)
     page = await context.new_page()
     try:
         await page.goto(url)
