@@ -11,7 +11,7 @@
 #
 # Environment: PYTHON (the interpreter for the new venv, >= 3.11; default python3.11 or python3),
 # PIPECAT_VENV (default .venv-pipecat, relative to the repo root).
-# sipp (Debian sip-tester) and baresip are installed with apt-get when missing.
+# sipp (Debian sip-tester), baresip and chromium are installed with apt-get when missing.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -154,4 +154,7 @@ install_apt_peer redis-server redis-server
 # the TLS listener through socat's OpenSSL client; tcpdump captures the RTP port in the SRTP tests.
 install_apt_peer socat socat
 install_apt_peer tcpdump tcpdump
+# The real-browser tests of /phone and /console (docs/web.md) drive Debian's chromium with
+# Playwright's client; the Python client comes with the test extras, the browser from here.
+install_apt_peer chromium chromium
 exit 0

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from appbridge.carriers.webrtc.signalling import WebRtcCalls, WebRtcRefusal
 from appbridge.http.errors import error
-from appbridge.http.routes_calls import _bearer_ok, _unauthorized
+from appbridge.http.web_auth import web_guard
 from appbridge.protocol.json_bounds import JsonBodyError, loads_object
 
 if TYPE_CHECKING:
@@ -31,9 +31,10 @@ MAX_BODY_BYTES: Final = 64 * 1024
 
 
 async def guard(gw: Gateway, request: Request) -> Response | None:
-    """Who may use these routes: None to go on, else the refusal. For now the ``/v1`` API's
-    Bearer check (docs/configuration.md, ``[api]``); the one place to change it."""
-    return None if _bearer_ok(gw, request) else _unauthorized()
+    """Who may use these routes: the pages' own rule (http/web_auth.py; docs/operations.md,
+    "The console and the softphone"): anyone on a loopback-only gateway, else a token of
+    ``[api] tokens`` as a Bearer or through the login's session cookie."""
+    return await web_guard(gw, request)
 
 
 def _numbers(gw: Gateway) -> list[dict[str, str]]:
