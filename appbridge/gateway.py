@@ -24,6 +24,7 @@ from appbridge.carriers.twilio_outbound import TwilioOutbound
 from appbridge.clock import Clock, SystemClock
 from appbridge.cluster.service import ClusterService
 from appbridge.config import AppConfig, Config
+from appbridge.console.logins import SessionStore
 from appbridge.counters import Metrics
 from appbridge.media.gc_pacer import GcPacer, GcPacerShell, period_from_env
 from appbridge.media.media_clock import MediaClock, slice_from_env
@@ -87,6 +88,8 @@ class Gateway:
         self.clock: Clock = clock or SystemClock()
         self.catalog = catalog or build_catalog(config)
         self.registry = CallRegistry()
+        #: The browser pages' login sessions (http/web_auth.py); a restart logs everyone out.
+        self.web_sessions = SessionStore()
         self.media_clock = MediaClock(slice_size=slice_from_env(), clock=self.clock)
         self.metrics = Metrics()
         self.http = http or httpx.AsyncClient(

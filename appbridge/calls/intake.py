@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from appbridge.calls.call import Call
 from appbridge.calls.services import CallServices
-from appbridge.console.board import console_of
 
 if TYPE_CHECKING:
     from appbridge.config import AppConfig
@@ -55,5 +54,5 @@ def open_call(
         metadata=metadata,
     )
     services.registry.add(call)
-    console_of(services.registry).open(call)
+    services.registry.console.open(call)
     return call

@@ -6,6 +6,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from appbridge.console.board import CallConsole
+
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
 
@@ -32,6 +34,8 @@ class CallRegistry:
         self.total_started = 0
         self.total_rejected = 0
         self.observer: RegistryObserver | None = None
+        #: What the console shows of this node's calls, live and recently ended (console/board.py).
+        self.console = CallConsole()
 
     def add(self, call: Call) -> None:
         if call.call_ref in self._live:

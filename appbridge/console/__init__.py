@@ -1,7 +1,7 @@
 """The call console's backend: what ``GET /v1/console/calls`` and each call's timeline show
 (docs/operations.md, "The console and the softphone")."""
 
-from appbridge.console.board import CallConsole, console_of
+from appbridge.console.board import CallConsole
 from appbridge.console.recorder import CallRecorder
 
-__all__ = ["CallConsole", "CallRecorder", "console_of"]
+__all__ = ["CallConsole", "CallRecorder"]

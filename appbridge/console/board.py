@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final
 
@@ -19,7 +18,6 @@ from appbridge.console.recorder import CallRecorder
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
-    from appbridge.calls.registry import CallRegistry
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +98,3 @@ class CallConsole:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-_consoles: weakref.WeakKeyDictionary[CallRegistry, CallConsole] = weakref.WeakKeyDictionary()
-_unweakable: dict[int, CallConsole] = {}  # stand-ins for a registry that take no weak reference
-
-
-def console_of(registry: CallRegistry) -> CallConsole:
-    """The console of the gateway that ``registry`` belongs to, made on first use and gone with
-    the registry."""
-    try:
-        console = _consoles.get(registry)
-        if console is None:
-            console = _consoles[registry] = CallConsole()
-    except TypeError:
-        console = _unweakable.setdefault(id(registry), CallConsole())
-    return console

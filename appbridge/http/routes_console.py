@@ -14,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from appbridge.console.board import console_of
 from appbridge.http.errors import error
 from appbridge.http.routes_calls import local_delete
 from appbridge.http.web_auth import web_guard
@@ -29,7 +28,7 @@ async def list_calls(gw: Gateway, request: Request) -> Response:
     refused = await web_guard(gw, request)
     if refused is not None:
         return refused
-    return JSONResponse(console_of(gw.registry).listing(), headers=NO_STORE)
+    return JSONResponse(gw.registry.console.listing(), headers=NO_STORE)
 
 
 async def timeline(gw: Gateway, request: Request) -> Response:
@@ -41,7 +40,7 @@ async def timeline(gw: Gateway, request: Request) -> Response:
         after = int(raw)
     except ValueError:
         return error(400, "bad_request", "after must be an entry number (an integer)")
-    recorder = console_of(gw.registry).get(request.path_params["call_ref"])
+    recorder = gw.registry.console.get(request.path_params["call_ref"])
     if recorder is None:
         return error(404, "not_found", "no such call on this node")
     return JSONResponse(recorder.timeline_page(after), headers=NO_STORE)

@@ -15,9 +15,6 @@ import hmac
 import html
 import ipaddress
 import logging
-import secrets
-import weakref
-from collections import OrderedDict
 from functools import partial
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qs
@@ -26,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from appbridge.console.logins import SESSION_LIFETIME_S, SessionStore
 from appbridge.http.errors import error
 
 if TYPE_CHECKING:
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COOKIE_NAME: Final = "appbridge_session"
-SESSION_LIFETIME_S: Final = 12 * 3600.0
-MAX_SESSIONS: Final = 1000
 MAX_FORM_BYTES: Final = 8 * 1024
 DEFAULT_NEXT: Final = "/phone"
 #: The pages whose refusal is a login form rather than JSON.
@@ -43,50 +39,9 @@ PAGES: Final = frozenset({"/phone", "/console"})
 NO_STORE: Final = {"Cache-Control": "no-store"}
 
 
-class SessionStore:
-    """Session keys and their expiry (monotonic seconds), oldest first; at most ``limit``."""
-
-    def __init__(self, limit: int = MAX_SESSIONS, lifetime_s: float = SESSION_LIFETIME_S) -> None:
-        self.limit = limit
-        self.lifetime_s = lifetime_s
-        self._expiry: OrderedDict[str, float] = OrderedDict()
-
-    def open(self, now: float) -> str:
-        key = secrets.token_urlsafe(32)
-        self._expiry[key] = now + self.lifetime_s
-        while len(self._expiry) > self.limit:
-            self._expiry.popitem(last=False)
-        return key
-
-    def valid(self, key: str, now: float) -> bool:
-        expiry = self._expiry.get(key)
-        if expiry is None:
-            return False
-        if now >= expiry:
-            del self._expiry[key]
-            return False
-        return True
-
-    def close(self, key: str) -> None:
-        self._expiry.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._expiry)
-
-
-_stores: weakref.WeakKeyDictionary[object, SessionStore] = weakref.WeakKeyDictionary()
-_unweakable: dict[int, SessionStore] = {}  # stand-ins for a gateway that take no weak reference
-
-
 def sessions_for(gw: Gateway) -> SessionStore:
-    """The gateway's session store, made on first use and gone with the gateway."""
-    try:
-        store = _stores.get(gw)
-        if store is None:
-            store = _stores[gw] = SessionStore()
-    except TypeError:
-        store = _unweakable.setdefault(id(gw), SessionStore())
-    return store
+    """The gateway's login sessions (``Gateway.web_sessions``): they go with the gateway."""
+    return gw.web_sessions
 
 
 def loopback_only(host: str) -> bool:

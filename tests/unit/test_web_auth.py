@@ -17,10 +17,10 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from appbridge.clock import VirtualClock
+from appbridge.console.logins import SessionStore
 from appbridge.http import web_auth
 from appbridge.http.web_auth import (
     COOKIE_NAME,
-    SessionStore,
     auth_routes,
     loopback_only,
     safe_next,
@@ -41,6 +41,7 @@ class FakeGateway:
             api=api,
         )
         self.clock = VirtualClock()
+        self.web_sessions = SessionStore()
 
 
 async def _guarded(gw: FakeGateway, request: Request) -> Response:
