@@ -194,10 +194,18 @@ async def gateway_process(
 ) -> AsyncIterator[GatewayProcess]:
     port = free_port()
     api = f'\n[api]\ntokens = ["{API_TOKEN}"]\n' if tokens else ""
-    config = folder / f"gateway-{port}.toml"
-    config.write_text(
-        GATEWAY_TOML.format(host=host, port=port, api=api, agent_url=agent_url, echo_url=echo_url)
+    text = GATEWAY_TOML.format(
+        host=host, port=port, api=api, agent_url=agent_url, echo_url=echo_url
     )
+    async with serve_toml(folder, port, text) as gateway:
+        yield gateway
+
+
+@contextlib.asynccontextmanager
+async def serve_toml(folder: Path, port: int, text: str) -> AsyncIterator[GatewayProcess]:
+    """``appbridge serve`` on the configuration ``text`` (listening on ``port``), until healthy."""
+    config = folder / f"gateway-{port}.toml"
+    config.write_text(text)
     log = folder / f"gateway-{port}.log"
     env = {**os.environ, "APP_SECRET": APP_SECRET, "APPBRIDGE_LOG_LEVEL": "INFO"}
     with log.open("wb") as sink:
