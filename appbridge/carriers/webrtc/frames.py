@@ -13,7 +13,7 @@ Outbound, :class:`OutboundAudio` encodes each 20 ms frame of the engine itself a
 aiortc's RTP sender an ``av.Packet`` with a running ``pts`` and its ``time_base``, which the
 sender packetises as it is (its ``pack`` path): G.711 with audioop, Opus with libopus fed the
 leg's 16 kHz mono directly. Given a frame instead, aiortc would resample it to 48 kHz stereo,
-encode it in a worker thread and measure its level, for about twice the CPU
+encode it in a worker thread and measure its level, for more CPU per call
 (docs/PERFORMANCE.md, "Browser calls (WebRTC)").
 """
 
