@@ -64,6 +64,7 @@ test: install-test lint
 
 bench: install
 	$(BIN)/python -m bench.load $(BENCH_ARGS)
+	$(BIN)/python -m bench.webrtc_load $(WEBRTC_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build

@@ -254,3 +254,23 @@ async def test_beyond_loopback_the_routes_need_a_token() -> None:
         wrong = await _post(env, {"type": "offer", "sdp": offer, "to": NUMBER}, "x")
         assert wrong.status_code == 401
         assert len(env.gw.registry) == 0 and not env.app.sessions
+
+
+async def test_offers_being_worked_on_are_bounded() -> None:
+    """While one offer waits for its app (refused, retried through the dial window), a second
+    beyond ``max_pending_offers`` is refused at once; the first then ends as 502."""
+    webrtc = {**WEBRTC, "max_pending_offers": 1}
+    async with gateway_env(webrtc=webrtc, numbers=_numbers()) as env:
+        env.app.refuse = True
+        first = BrowserPeer(env.base_url, token=API_TOKEN)
+        second = BrowserPeer(env.base_url, token=API_TOKEN)
+        try:
+            pending = asyncio.ensure_future(first.call(to=NUMBER))
+            await _wait(lambda: len(env.gw.registry) == 1, 5)
+            resp = await second.call(to=NUMBER)
+            assert (resp.status_code, resp.json()["error"]) == (503, "unavailable")
+            assert "too many" in resp.json()["message"]
+            assert (await pending).status_code == 502
+        finally:
+            await first.close()
+            await second.close()

@@ -32,26 +32,37 @@ _MIC_SAMPLES: Final = _MIC_RATE_HZ // 50
 
 class ToneTrack(MediaStreamTrack):
     """A microphone that hears a sine of ``freq_hz`` (None: silence), 20 ms a frame in real
-    time. ``freq_hz`` may change while the call runs."""
+    time. One second of the tone is made once and looped (seamless for whole-hertz tones), so
+    a bench of many calls spends its CPU on WebRTC, not on sines."""
 
     kind = "audio"
 
     def __init__(self, freq_hz: float | None = None, amplitude: int = 8000) -> None:
         super().__init__()
-        self.freq_hz = freq_hz
         self.amplitude = amplitude
         self._pts = 0
         self._start: float | None = None
         self._time_base = fractions.Fraction(1, _MIC_RATE_HZ)
+        self._second = b""
+        self.freq_hz = freq_hz
+
+    @property
+    def freq_hz(self) -> float | None:
+        return self._freq_hz
+
+    @freq_hz.setter
+    def freq_hz(self, value: float | None) -> None:
+        self._freq_hz = value
+        if value is None:
+            self._second = bytes(_MIC_RATE_HZ * 2)
+            return
+        step = 2 * math.pi * value / _MIC_RATE_HZ
+        samples = (round(self.amplitude * math.sin(step * i)) for i in range(_MIC_RATE_HZ))
+        self._second = array.array("h", samples).tobytes()
 
     def _samples(self) -> bytes:
-        if self.freq_hz is None:
-            return bytes(_MIC_SAMPLES * 2)
-        step = 2 * math.pi * self.freq_hz / _MIC_RATE_HZ
-        values = (
-            round(self.amplitude * math.sin(step * (self._pts + i))) for i in range(_MIC_SAMPLES)
-        )
-        return array.array("h", values).tobytes()
+        offset = self._pts % _MIC_RATE_HZ * 2
+        return self._second[offset : offset + _MIC_SAMPLES * 2]
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":

@@ -9,11 +9,12 @@ rather than ``av.AudioResampler``: the same job measures at about half the CPU t
 (docs/PERFORMANCE.md, "Browser calls (WebRTC)"). A frame in another layout or sample format
 (not something aiortc produces today) falls back to ``av.AudioResampler``.
 
-Outbound, :class:`OutboundAudio` wraps each 20 ms frame of the engine as aiortc's RTP sender
-wants it: an ``av.AudioFrame`` with a running ``pts`` in samples and ``time_base`` 1/rate
-(Opus: aiortc encodes it), or for G.711 an ``av.Packet`` already encoded with audioop, which
-the sender packetises as it is (its ``pack`` path) instead of re-encoding the frame in a worker
-thread.
+Outbound, :class:`OutboundAudio` encodes each 20 ms frame of the engine itself and hands
+aiortc's RTP sender an ``av.Packet`` with a running ``pts`` and its ``time_base``, which the
+sender packetises as it is (its ``pack`` path): G.711 with audioop, Opus with libopus fed the
+leg's 16 kHz mono directly. Given a frame instead, aiortc would resample it to 48 kHz stereo,
+encode it in a worker thread and measure its level, for more CPU per call
+(docs/PERFORMANCE.md, "Browser calls (WebRTC)").
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ with warnings.catch_warnings():
 _OPUS: Final = "opus"
 _G711: Final = ("pcmu", "pcma")
 FRAME_MS: Final = 20
+#: Bits per second of the Opus stream toward the browser (``_opus_encoder``).
+OPUS_BIT_RATE: Final = 32_000
 
 
 def leg_format(codec: str) -> AudioFormat:
@@ -101,7 +104,7 @@ class InboundAudio:
 class OutboundAudio:
     """The engine's 20 ms pcm16 frames as what aiortc's RTP sender takes (module doc)."""
 
-    __slots__ = ("_encode", "_pts", "_rate", "_samples", "_time_base")
+    __slots__ = ("_encode", "_opus", "_opus_origin", "_pts", "_rate", "_samples", "_time_base")
 
     def __init__(self, audio_format: AudioFormat, codec: str) -> None:
         name = codec.lower()
@@ -110,14 +113,17 @@ class OutboundAudio:
         self._time_base = fractions.Fraction(1, self._rate)
         self._pts = 0
         self._encode = {"pcmu": audioop.lin2ulaw, "pcma": audioop.lin2alaw}.get(name)
+        self._opus: Any = _opus_encoder(self._rate) if name == _OPUS else None
+        self._opus_origin: int | None = None
 
     @property
     def pts(self) -> int:
         """The next frame's timestamp, in samples since the first."""
         return self._pts
 
-    def wrap(self, pcm16: bytes) -> av.AudioFrame | av.Packet[Any]:
-        """One frame, stamped with the next ``pts``; a short frame is padded with silence."""
+    def wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
+        """One frame, encoded and stamped with the next ``pts`` (a short frame is padded with
+        silence); None while the Opus encoder holds its first samples back."""
         size = self._samples * 2
         if len(pcm16) != size:
             pcm16 = (pcm16 + bytes(size))[:size]
@@ -133,4 +139,25 @@ class OutboundAudio:
         frame.sample_rate = self._rate
         frame.pts = pts
         frame.time_base = self._time_base
-        return frame
+        packets = self._opus.encode(frame)
+        if not packets:
+            return None
+        out: av.Packet[Any] = packets[0]
+        if self._opus_origin is None:
+            self._opus_origin = out.pts or 0  # libopus starts before zero (its look-ahead)
+        out.pts = (out.pts or 0) - self._opus_origin
+        out.time_base = self._time_base  # the sender converts to Opus's 48 kHz RTP clock
+        return out
+
+
+def _opus_encoder(rate_hz: int) -> Any:
+    """libopus for mono speech at the leg's rate (RFC 7587 §3.1.1: any input rate, the RTP
+    clock stays 48 kHz; §7: 20-32 kbit/s is wideband speech at its best)."""
+    ctx: Any = av.CodecContext.create("libopus", "w")
+    ctx.format = "s16"
+    ctx.layout = "mono"
+    ctx.sample_rate = rate_hz
+    ctx.bit_rate = OPUS_BIT_RATE
+    ctx.time_base = fractions.Fraction(1, rate_hz)
+    ctx.options = {"application": "voip"}
+    return ctx

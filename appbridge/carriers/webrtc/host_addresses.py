@@ -6,7 +6,7 @@ machine with many interfaces should offer only the ones browsers can reach, and 
 browsers on the same machine needs 127.0.0.1 itself. So this module replaces
 ``aioice.ice.get_host_addresses``, the one function aioice asks, with one that answers the
 configured list, and is the only place that touches aioice's internals (docs/ARCHITECTURE.md,
-"Browser calls"). With no list configured aioice's own answer stands.
+"The shell"). With no list configured aioice's own answer stands.
 
 The setting is process-wide, as aioice's function is: every peer connection made in this
 process after :func:`use_host_addresses` gathers from the list.

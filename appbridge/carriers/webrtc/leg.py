@@ -153,7 +153,9 @@ class WebRtcLeg:
             frame = self._silence
             self.silence_sent += 1
         self.frames_sent += 1
-        self.track.push(self._outbound.wrap(frame))
+        packet = self._outbound.wrap(frame)
+        if packet is not None:
+            self.track.push(packet)
 
     def unplayed_frames(self) -> int:
         return self.track.queued

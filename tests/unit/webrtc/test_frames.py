@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fractions
+import itertools
 
 import av
 import numpy as np
@@ -74,16 +75,23 @@ def test_other_sample_formats_go_through_the_fallback_resampler() -> None:
     assert len(out) % 640 == 0 and len(out) >= 640
 
 
-def test_outbound_opus_frames_carry_pts_in_samples() -> None:
+def test_outbound_opus_is_encoded_here_with_pts_in_samples() -> None:
     wrap = OutboundAudio(PCM16_16K, "opus")
-    first = wrap.wrap(tone_pcm16(440, 20, 16000))
-    second = wrap.wrap(b"\x00\x00" * 100)  # a short frame is padded to 20 ms
-    assert isinstance(first, av.AudioFrame) and isinstance(second, av.AudioFrame)
-    assert (first.pts, second.pts, wrap.pts) == (0, 320, 640)
-    assert first.time_base == fractions.Fraction(1, 16000)
-    assert (first.sample_rate, first.samples, second.samples) == (16000, 320, 320)
-    assert first.format.name == "s16" and first.layout.name == "mono"
-    assert bytes(first.planes[0])[:640] == tone_pcm16(440, 20, 16000)
+    packets = [wrap.wrap(tone_pcm16(440, 20, 16000)) for _ in range(3)]
+    packets.append(wrap.wrap(b"\x00\x00" * 100))  # a short frame is padded to 20 ms
+    sent = [p for p in packets if p is not None]
+    assert len(sent) >= 3 and all(isinstance(p, av.Packet) for p in sent)
+    assert sent[0].pts == 0  # libopus's look-ahead is taken out
+    assert [b.pts - a.pts for a, b in itertools.pairwise(sent)] == [320] * (len(sent) - 1)
+    assert all(p.time_base == fractions.Fraction(1, 16000) for p in sent)
+    assert wrap.pts == 4 * 320
+    decoder = av.CodecContext.create("libopus", "r")
+    decoded = b"".join(
+        bytes(f.planes[0])[: f.samples * 2 * len(f.layout.channels)]
+        for p in sent
+        for f in decoder.decode(av.Packet(bytes(p)))
+    )
+    assert decoded  # a real Opus stream
 
 
 def test_outbound_g711_is_encoded_once_as_a_packet() -> None:

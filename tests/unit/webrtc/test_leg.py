@@ -13,6 +13,7 @@ from aiortc.mediastreams import MediaStreamError
 from appbridge.calls.carrier_leg import TransferError
 from appbridge.carriers.webrtc.leg import WebRtcLeg
 from appbridge.carriers.webrtc.track import MAX_QUEUED, OutboundTrack
+from appbridge.media.codecs import pcm16_to_ulaw
 from appbridge.testing.audio import tone_pcm16
 
 
@@ -62,17 +63,17 @@ def _tick(leg: WebRtcLeg, deferred: Deferred, frame: bytes | None) -> None:
 
 
 async def test_one_frame_per_tick_and_silence_when_nothing_plays() -> None:
-    leg, deferred, _ = _leg()
-    tone = tone_pcm16(440, 20, 16000)
+    leg, deferred, _ = _leg("PCMU")
+    tone = tone_pcm16(440, 20, 8000)
     _tick(leg, deferred, tone)
     _tick(leg, deferred, None)
     assert (leg.frames_sent, leg.silence_sent, leg.unplayed_frames()) == (2, 1, 2)
     first = await leg.track.recv()
     second = await leg.track.recv()
-    assert isinstance(first, av.AudioFrame) and isinstance(second, av.AudioFrame)
-    assert bytes(first.planes[0])[:640] == tone
-    assert bytes(second.planes[0])[:640] == bytes(640)
-    assert (first.pts, second.pts) == (0, 320)
+    assert isinstance(first, av.Packet) and isinstance(second, av.Packet)
+    assert bytes(first) == pcm16_to_ulaw(tone)
+    assert bytes(second) == b"\xff" * 160  # µ-law silence
+    assert (first.pts, second.pts) == (0, 160)
 
 
 async def test_catch_up_ticks_lose_no_frame() -> None:
@@ -91,13 +92,13 @@ async def test_catch_up_ticks_lose_no_frame() -> None:
 
 
 async def test_a_slow_sender_drops_the_oldest_and_counts_them() -> None:
-    leg, deferred, _ = _leg()
+    leg, deferred, _ = _leg("PCMA")
     for _ in range(MAX_QUEUED + 3):
         _tick(leg, deferred, None)
     assert leg.unplayed_frames() == MAX_QUEUED
     assert leg.audio_dropped == 3
     oldest = await leg.track.recv()
-    assert oldest.pts == 3 * 320
+    assert oldest.pts == 3 * 160
 
 
 async def test_clear_drops_what_is_queued() -> None:
