@@ -9,7 +9,7 @@ process (``appbridge serve``) pinned to its own core:
   bench/sip_caller.py against the talking app of bench/talker.py).
 - WebRTC: the same talking app (a :mod:`bench.worker` process; only its app is used), and N
   browser calls placed by a separate client process (``--browsers``, this module's child mode:
-  aiortc peers of appbridge/carriers/webrtc/browser.py, each sending a tone like a caller), so
+  aiortc peers of appbridge/testing/webrtc_browser.py, each sending a tone like a caller), so
   the browsers' own CPU is not the gateway's. ``[webrtc] host_addresses = ["127.0.0.1"]`` keeps
   every packet on loopback.
 
@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------- the browsers' process
 async def _browsers(args: argparse.Namespace) -> int:
     """Place ``--browsers`` calls, say how many are up, hold them until told, hang up."""
-    from appbridge.carriers.webrtc.browser import BrowserPeer
     from appbridge.carriers.webrtc.host_addresses import use_host_addresses
+    from appbridge.testing.webrtc_browser import BrowserPeer
 
     use_host_addresses(["127.0.0.1"])
     token = os.environ[TOKEN_ENV]

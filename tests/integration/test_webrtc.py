@@ -1,5 +1,5 @@
 """Browser calls over WebRTC, end to end: the real gateway in-process on loopback, a real
-aiortc peer connection as the browser (appbridge/carriers/webrtc/browser.py), the fake app.
+aiortc peer connection as the browser (appbridge/testing/webrtc_browser.py), the fake app.
 
 Both sides offer only 127.0.0.1 as their host candidate (``[webrtc] host_addresses``), so all
 media stays on loopback. Every wait polls a condition with a timeout.
@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from appbridge.carriers.webrtc.browser import HEARD_RATE_HZ, BrowserPeer
 from appbridge.testing.audio import dominant_freq, goertzel_power, tone_pcm16
 from appbridge.testing.fake_app import FakeSession
+from appbridge.testing.webrtc_browser import HEARD_RATE_HZ, BrowserPeer
 from tests.integration.conftest import API_TOKEN, Env, gateway_env
 
 NUMBER = "+15551230000"

@@ -38,6 +38,9 @@ _G711: Final = ("pcmu", "pcma")
 FRAME_MS: Final = 20
 #: Bits per second of the Opus stream toward the browser (``_opus_encoder``).
 OPUS_BIT_RATE: Final = 32_000
+#: Silent frames encoded in a row before the encoder counts as settled in silence, after which
+#: its last silent packet is sent again instead of encoding another.
+SILENCE_SETTLE_FRAMES: Final = 5
 
 
 def leg_format(codec: str) -> AudioFormat:
@@ -104,7 +107,19 @@ class InboundAudio:
 class OutboundAudio:
     """The engine's 20 ms pcm16 frames as what aiortc's RTP sender takes (module doc)."""
 
-    __slots__ = ("_encode", "_opus", "_opus_origin", "_pts", "_rate", "_samples", "_time_base")
+    __slots__ = (
+        "_encode",
+        "_last_pts",
+        "_opus",
+        "_opus_origin",
+        "_pts",
+        "_rate",
+        "_samples",
+        "_silence",
+        "_silent_packet",
+        "_silent_run",
+        "_time_base",
+    )
 
     def __init__(self, audio_format: AudioFormat, codec: str) -> None:
         name = codec.lower()
@@ -115,6 +130,10 @@ class OutboundAudio:
         self._encode = {"pcmu": audioop.lin2ulaw, "pcma": audioop.lin2alaw}.get(name)
         self._opus: Any = _opus_encoder(self._rate) if name == _OPUS else None
         self._opus_origin: int | None = None
+        self._silence = bytes(self._samples * 2)
+        self._silent_run = 0
+        self._silent_packet: bytes | None = None
+        self._last_pts = -1  # of the last Opus packet handed out
 
     @property
     def pts(self) -> int:
@@ -124,6 +143,29 @@ class OutboundAudio:
     def wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
         """One frame, encoded and stamped with the next ``pts`` (a short frame is padded with
         silence); None while the Opus encoder holds its first samples back."""
+        self._silent_run = 0
+        return self._wrap(pcm16)
+
+    def wrap_silence(self) -> av.Packet[Any] | None:
+        """A tick without audio from the engine. libopus takes as long to encode silence as
+        speech, so once ``SILENCE_SETTLE_FRAMES`` silent frames have been encoded in a row the
+        last of their packets is sent again, with the next ``pts``: the browser's decoder then
+        stays in the silence the encoder settled in, and the encoder resumes from that state
+        when audio comes back (RFC 6716 packets decode on their own; RFC 7587 §3.1)."""
+        self._silent_run += 1
+        cached = self._silent_packet
+        if self._opus is None or self._silent_run <= SILENCE_SETTLE_FRAMES or cached is None:
+            packet = self._wrap(self._silence)
+            if self._opus is not None and packet is not None:
+                self._silent_packet = bytes(packet)
+            return packet
+        self._pts += self._samples  # the encoder's input clock goes on meanwhile
+        packet = av.Packet(cached)
+        packet.pts = self._last_pts = self._last_pts + self._samples
+        packet.time_base = self._time_base
+        return packet
+
+    def _wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
         size = self._samples * 2
         if len(pcm16) != size:
             pcm16 = (pcm16 + bytes(size))[:size]
@@ -145,7 +187,10 @@ class OutboundAudio:
         out: av.Packet[Any] = packets[0]
         if self._opus_origin is None:
             self._opus_origin = out.pts or 0  # libopus starts before zero (its look-ahead)
-        out.pts = (out.pts or 0) - self._opus_origin
+        pts = (out.pts or 0) - self._opus_origin
+        if pts <= self._last_pts:
+            return None  # the frame libopus held back when repeated silence took over
+        out.pts = self._last_pts = pts
         out.time_base = self._time_base  # the sender converts to Opus's 48 kHz RTP clock
         return out
 

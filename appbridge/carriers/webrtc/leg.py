@@ -64,7 +64,6 @@ class WebRtcLeg:
         self.label = label
         self._outbound = OutboundAudio(self.audio_format, codec)
         self._inbound = InboundAudio(self.audio_format.rate_hz)
-        self._silence = self.audio_format.silence(20)
         self.events: CarrierEvents | None = None
         self._pending: bytes | None = None
         self._tick_open = False
@@ -149,11 +148,12 @@ class WebRtcLeg:
         frame, self._pending = self._pending, None
         if self.closed:
             return
-        if frame is None:
-            frame = self._silence
-            self.silence_sent += 1
         self.frames_sent += 1
-        packet = self._outbound.wrap(frame)
+        if frame is None:
+            self.silence_sent += 1
+            packet = self._outbound.wrap_silence()
+        else:
+            packet = self._outbound.wrap(frame)
         if packet is not None:
             self.track.push(packet)
 

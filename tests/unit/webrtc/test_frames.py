@@ -9,7 +9,12 @@ import av
 import numpy as np
 import pytest
 
-from appbridge.carriers.webrtc.frames import InboundAudio, OutboundAudio, leg_format
+from appbridge.carriers.webrtc.frames import (
+    SILENCE_SETTLE_FRAMES,
+    InboundAudio,
+    OutboundAudio,
+    leg_format,
+)
 from appbridge.media.codecs import PCM16_8K, PCM16_16K, ulaw_to_pcm16
 from appbridge.testing.audio import dominant_freq, tone_pcm16
 
@@ -92,6 +97,30 @@ def test_outbound_opus_is_encoded_here_with_pts_in_samples() -> None:
         for f in decoder.decode(av.Packet(bytes(p)))
     )
     assert decoded  # a real Opus stream
+
+
+def test_settled_opus_silence_is_sent_again_without_encoding() -> None:
+    wrap = OutboundAudio(PCM16_16K, "opus")
+    tone = tone_pcm16(440, 20, 16000)
+    packets = [wrap.wrap(tone) for _ in range(5)]
+    silent = [wrap.wrap_silence() for _ in range(SILENCE_SETTLE_FRAMES + 20)]
+    packets += silent + [wrap.wrap(tone) for _ in range(10)]
+    sent = [p for p in packets if p is not None]
+    repeated = [bytes(p) for p in silent[SILENCE_SETTLE_FRAMES:]]
+    assert len(set(repeated)) == 1 and repeated[0] == bytes(silent[SILENCE_SETTLE_FRAMES - 1])
+    # Timestamps only rise, by whole frames: the frame libopus held back is dropped, once.
+    steps = [b.pts - a.pts for a, b in itertools.pairwise(sent)]
+    assert all(step > 0 and step % 320 == 0 for step in steps) and steps.count(640) == 1
+    assert len(sent) == len(packets) - 1  # the held-back frame, only
+    decoder = av.CodecContext.create("libopus", "r")
+    pcm = [
+        np.frombuffer(bytes(f.planes[0])[: f.samples * 2 * len(f.layout.channels)], "<i2")
+        for p in sent
+        for f in decoder.decode(av.Packet(bytes(p)))
+    ]
+    quiet = np.concatenate(pcm[10:20]).astype(float)
+    loud = np.concatenate(pcm[-5:]).astype(float)
+    assert np.sqrt(np.mean(quiet**2)) < 30 < 1000 < np.sqrt(np.mean(loud**2))
 
 
 def test_outbound_g711_is_encoded_once_as_a_packet() -> None:
