@@ -18,12 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from appbridge.carriers.webrtc.signalling import WebRtcCalls, WebRtcRefusal
+from appbridge.carriers.webrtc.outcome import WebRtcRefusal, ice_servers
 from appbridge.http.errors import error
 from appbridge.http.web_auth import web_guard
 from appbridge.protocol.json_bounds import JsonBodyError, loads_object
 
 if TYPE_CHECKING:
+    from appbridge.carriers.webrtc.signalling import WebRtcCalls
     from appbridge.config import AppConfig
     from appbridge.gateway import Gateway
 
@@ -45,7 +46,24 @@ def _numbers(gw: Gateway) -> list[dict[str, str]]:
     ]
 
 
-async def directory(gw: Gateway, calls: WebRtcCalls, request: Request) -> Response:
+class BrowserCarrier:
+    """The browser calls of the gateway, made on the first offer: aiortc and PyAV add tens of
+    megabytes and a second to a start-up that gateways without browser calls need not pay
+    (docs/PERFORMANCE.md, "Browser calls (WebRTC)")."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._calls: WebRtcCalls | None = None
+
+    def calls(self) -> WebRtcCalls:
+        if self._calls is None:
+            from appbridge.carriers.webrtc.signalling import WebRtcCalls
+
+            self._calls = WebRtcCalls(self.gw)
+        return self._calls
+
+
+async def directory(gw: Gateway, request: Request) -> Response:
     refused = await guard(gw, request)
     if refused is not None:
         return refused
@@ -53,7 +71,7 @@ async def directory(gw: Gateway, calls: WebRtcCalls, request: Request) -> Respon
         {
             "numbers": _numbers(gw),
             "apps": list(gw.config.apps),
-            "iceServers": calls.ice_servers(),
+            "iceServers": ice_servers(gw.config.webrtc),
         }
     )
 
@@ -76,7 +94,7 @@ def _target(gw: Gateway, data: dict[str, Any]) -> tuple[AppConfig, str]:
     raise WebRtcRefusal(400, "bad_request", 'a call needs "to" (a number) or "app" (a name)')
 
 
-async def create_call(gw: Gateway, calls: WebRtcCalls, request: Request) -> Response:
+async def create_call(gw: Gateway, carrier: BrowserCarrier, request: Request) -> Response:
     refused = await guard(gw, request)
     if refused is not None:
         return refused
@@ -97,7 +115,7 @@ async def create_call(gw: Gateway, calls: WebRtcCalls, request: Request) -> Resp
         return error(400, "bad_request", 'expected {"type": "offer", "sdp": "<SDP offer>"}')
     try:
         app, to = _target(gw, data)
-        answer = await calls.place(app, to, sdp)
+        answer = await carrier.calls().place(app, to, sdp)
     except WebRtcRefusal as exc:
         return error(exc.status, exc.code, exc.message)
     return JSONResponse(
@@ -108,8 +126,8 @@ async def create_call(gw: Gateway, calls: WebRtcCalls, request: Request) -> Resp
 
 
 def webrtc_routes(gw: Gateway) -> list[BaseRoute]:
-    calls = WebRtcCalls(gw)
+    carrier = BrowserCarrier(gw)
     return [
-        Route("/v1/webrtc/directory", partial(directory, gw, calls), methods=["GET"]),
-        Route("/v1/webrtc/calls", partial(create_call, gw, calls), methods=["POST"]),
+        Route("/v1/webrtc/directory", partial(directory, gw), methods=["GET"]),
+        Route("/v1/webrtc/calls", partial(create_call, gw, carrier), methods=["POST"]),
     ]

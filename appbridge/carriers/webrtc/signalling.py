@@ -29,7 +29,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from aiortc import (
     RTCConfiguration,
@@ -54,6 +54,7 @@ from appbridge.carriers.webrtc.messages import (
     ended_message,
     parse_message,
 )
+from appbridge.carriers.webrtc.outcome import Answer, WebRtcRefusal
 from appbridge.carriers.webrtc.track import OutboundTrack
 
 if TYPE_CHECKING:
@@ -71,22 +72,6 @@ PREFERRED_CODECS: Final = ("audio/opus", "audio/PCMU", "audio/PCMA")
 #: How long the ``ended`` message may take to leave before the connection closes anyway.
 ENDED_GRACE_S: Final = 0.5
 CALLER_ID: Final = "browser"
-
-
-class WebRtcRefusal(Exception):
-    """An answer other than 201: the HTTP status and the error code of http/errors.py."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    call_ref: str
-    sdp: str
 
 
 @dataclass(eq=False)
@@ -141,18 +126,6 @@ class WebRtcCalls:
             for s in self.cfg.ice_servers
         ]
         return RTCConfiguration(iceServers=servers or None)
-
-    def ice_servers(self) -> list[dict[str, Any]]:
-        """``iceServers`` of the directory, in the browser's ``RTCIceServer`` shape."""
-        out: list[dict[str, Any]] = []
-        for s in self.cfg.ice_servers:
-            entry: dict[str, Any] = {"urls": list(s.urls)}
-            if s.username is not None:
-                entry["username"] = s.username
-            if s.credential is not None:
-                entry["credential"] = s.credential
-            out.append(entry)
-        return out
 
     async def place(self, app: AppConfig, to: str, offer_sdp: str) -> Answer:
         """Steps 1-4 of the module doc; raises :class:`WebRtcRefusal` for every other answer."""
