@@ -11,6 +11,8 @@ JSON shape (400), and in the carrier the SDP work and the offers pending at once
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from appbridge.gateway import Gateway
 
 MAX_BODY_BYTES: Final = 64 * 1024
+_SIGNALLING: Final = "appbridge.carriers.webrtc.signalling"
 
 
 async def guard(gw: Gateway, request: Request) -> Response | None:
@@ -49,17 +52,18 @@ def _numbers(gw: Gateway) -> list[dict[str, str]]:
 class BrowserCarrier:
     """The browser calls of the gateway, made on the first offer: aiortc and PyAV add tens of
     megabytes and a second to a start-up that gateways without browser calls need not pay
-    (docs/PERFORMANCE.md, "Browser calls (WebRTC)")."""
+    (docs/PERFORMANCE.md, "Browser calls (WebRTC)"). They are imported in a worker thread, so
+    the event loop (and every live call's media) goes on meanwhile."""
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._calls: WebRtcCalls | None = None
 
-    def calls(self) -> WebRtcCalls:
+    async def calls(self) -> WebRtcCalls:
         if self._calls is None:
-            from appbridge.carriers.webrtc.signalling import WebRtcCalls
-
-            self._calls = WebRtcCalls(self.gw)
+            module = await asyncio.to_thread(importlib.import_module, _SIGNALLING)
+            if self._calls is None:
+                self._calls = module.WebRtcCalls(self.gw)
         return self._calls
 
 
@@ -115,7 +119,8 @@ async def create_call(gw: Gateway, carrier: BrowserCarrier, request: Request) ->
         return error(400, "bad_request", 'expected {"type": "offer", "sdp": "<SDP offer>"}')
     try:
         app, to = _target(gw, data)
-        answer = await carrier.calls().place(app, to, sdp)
+        calls = await carrier.calls()
+        answer = await calls.place(app, to, sdp)
     except WebRtcRefusal as exc:
         return error(exc.status, exc.code, exc.message)
     return JSONResponse(
