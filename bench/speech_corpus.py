@@ -12,16 +12,13 @@ time, nothing downloaded:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from appbridge.media.codecs import PCMU_8K, AudioFormat, Converter
-from appbridge.speech.providers.local import LocalTtsProvider
+from appbridge.testing.spoken import espeak
 from appbridge.testing.wer import word_error_rate
 
 __all__ = [
@@ -113,20 +110,7 @@ def telephone(pcm16: bytes, rate_hz: int) -> bytes:
 
 def speak(text: str, *, rate_wpm: int = 175, voice_index: int = 0) -> bytes:
     """``text`` spoken by eSpeak NG, as 8 kHz telephone pcm16."""
-
-    async def synthesise() -> tuple[bytes, int]:
-        tts = LocalTtsProvider(rate_wpm=rate_wpm)
-        english = [v for v in tts.voices() if any(t.startswith("en") for t in v.languages)]
-        voice = english[voice_index % len(english)]
-        pcm, rate = bytearray(), 0
-        async with contextlib.aclosing(tts.synthesize(text, voice, "en-US")) as chunks:
-            async for chunk in chunks:
-                pcm += chunk.pcm16
-                rate = chunk.rate_hz
-        return bytes(pcm), rate
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pcm, rate = pool.submit(asyncio.run, synthesise()).result()
+    pcm, rate = espeak(text, rate_wpm=rate_wpm, voice_index=voice_index)
     return telephone(pcm, rate)
 
 

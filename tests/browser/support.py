@@ -11,7 +11,6 @@ RFC 8445), and mDNS hiding of local addresses is off so the candidates are plain
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -27,8 +26,8 @@ import httpx
 import numpy as np
 import pytest
 
-from appbridge.speech.providers.local import LocalTtsProvider
 from appbridge.testing.fake_app import FakeSession
+from appbridge.testing.spoken import espeak
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTEFACTS = ROOT / "build" / "browser"
@@ -81,20 +80,7 @@ def chromium_args(wav: Path) -> list[str]:
 def speech_wav(path: Path, text: str = SENTENCE) -> Path:
     """``text`` spoken by eSpeak NG, 16-bit mono PCM at 48 kHz, with silence around it so that
     each pass of the looped file ends a turn (docs/turn-taking.md)."""
-
-    async def synthesise() -> tuple[bytes, int]:
-        tts = LocalTtsProvider()
-        voice = tts.voices()[0]
-        pcm, rate = bytearray(), 0
-        async with contextlib.aclosing(tts.synthesize(text, voice, "en-US")) as chunks:
-            async for chunk in chunks:
-                pcm += chunk.pcm16
-                rate = chunk.rate_hz
-        return bytes(pcm), rate
-
-    # A thread of its own: this may be called inside a running event loop.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pcm, rate = pool.submit(asyncio.run, synthesise()).result()
+    pcm, rate = espeak(text)
     speech = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
     times = np.arange(int(len(speech) * WAV_RATE_HZ / rate)) / WAV_RATE_HZ
     resampled = np.interp(times, np.arange(len(speech)) / rate, speech)

@@ -7,8 +7,6 @@ Speech fixtures are synthesised with the local TTS (eSpeak NG) and sent down the
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import functools
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -24,7 +22,6 @@ from appbridge.speech.base import (
     ProviderUnavailable,
     Transcript,
 )
-from appbridge.speech.providers.local import LocalTtsProvider
 from appbridge.speech.providers.local_stt import (
     LocalSttProvider,
     LocalSttStream,
@@ -33,6 +30,7 @@ from appbridge.speech.providers.local_stt import (
     shared_whisper_engine,
 )
 from appbridge.speech.providers.log_mel import _hz_to_mel, log_mel
+from appbridge.testing.spoken import espeak
 from appbridge.testing.wer import word_error_rate
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
@@ -52,20 +50,7 @@ SENTENCES = (
 @functools.cache
 def telephone_speech(text: str, rate_hz: int = 8000) -> bytes:
     """``text`` spoken by eSpeak NG, through G.711 µ-law at 8 kHz, as pcm16 at ``rate_hz``."""
-
-    async def synthesise() -> tuple[bytes, int]:
-        tts = LocalTtsProvider()
-        voice = tts.voices()[0]
-        pcm, rate = bytearray(), 0
-        async with contextlib.aclosing(tts.synthesize(text, voice, "en-US")) as chunks:
-            async for chunk in chunks:
-                pcm += chunk.pcm16
-                rate = chunk.rate_hz
-        return bytes(pcm), rate
-
-    # A thread of its own, so this works inside or outside a running event loop.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pcm, tts_rate = pool.submit(asyncio.run, synthesise()).result()
+    pcm, tts_rate = espeak(text)
     ulaw = Converter(AudioFormat("pcm16", tts_rate), PCMU_8K).convert(pcm)
     return Converter(PCMU_8K, AudioFormat("pcm16", rate_hz)).convert(ulaw)
 
