@@ -41,6 +41,8 @@ OPUS_BIT_RATE: Final = 32_000
 #: Silent frames encoded in a row before the encoder counts as settled in silence, after which
 #: its last silent packet is sent again instead of encoding another.
 SILENCE_SETTLE_FRAMES: Final = 5
+OPUS_RTP_CLOCK_HZ: Final = 48_000
+_OPUS_TIME_BASE: Final = fractions.Fraction(1, OPUS_RTP_CLOCK_HZ)
 
 
 def leg_format(codec: str) -> AudioFormat:
@@ -114,6 +116,7 @@ class OutboundAudio:
         "_opus_origin",
         "_pts",
         "_rate",
+        "_rtp_scale",
         "_samples",
         "_silence",
         "_silent_packet",
@@ -126,6 +129,9 @@ class OutboundAudio:
         self._rate = audio_format.rate_hz
         self._samples = audio_format.samples_for_ms(FRAME_MS)
         self._time_base = fractions.Fraction(1, self._rate)
+        # Opus packets leave stamped on its 48 kHz RTP clock (RFC 7587 §4.1), so that aiortc's
+        # sender need not convert each one with fractions.
+        self._rtp_scale = OPUS_RTP_CLOCK_HZ // self._rate if name == _OPUS else 1
         self._pts = 0
         self._encode = {"pcmu": audioop.lin2ulaw, "pcma": audioop.lin2alaw}.get(name)
         self._opus: Any = _opus_encoder(self._rate) if name == _OPUS else None
@@ -160,9 +166,10 @@ class OutboundAudio:
                 self._silent_packet = bytes(packet)
             return packet
         self._pts += self._samples  # the encoder's input clock goes on meanwhile
+        self._last_pts += self._samples
         packet = av.Packet(cached)
-        packet.pts = self._last_pts = self._last_pts + self._samples
-        packet.time_base = self._time_base
+        packet.pts = self._last_pts * self._rtp_scale
+        packet.time_base = _OPUS_TIME_BASE
         return packet
 
     def _wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
@@ -190,8 +197,9 @@ class OutboundAudio:
         pts = (out.pts or 0) - self._opus_origin
         if pts <= self._last_pts:
             return None  # the frame libopus held back when repeated silence took over
-        out.pts = self._last_pts = pts
-        out.time_base = self._time_base  # the sender converts to Opus's 48 kHz RTP clock
+        self._last_pts = pts
+        out.pts = pts * self._rtp_scale
+        out.time_base = _OPUS_TIME_BASE
         return out
 
 

@@ -44,6 +44,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from aiortc.sdp import SessionDescription
 
 from appbridge.calls import intake
+from appbridge.carriers.webrtc.decoding import decode_opus_to_mono
 from appbridge.carriers.webrtc.host_addresses import use_host_addresses
 from appbridge.carriers.webrtc.leg import WebRtcLeg
 from appbridge.carriers.webrtc.messages import (
@@ -114,6 +115,7 @@ class WebRtcCalls:
         self.pending = 0  # offers whose SDP work or app dial is under way
         self.calls: dict[str, BrowserCall] = {}  # by callRef, while the call lives
         use_host_addresses(self.cfg.host_addresses)
+        decode_opus_to_mono()
 
     @property
     def cfg(self) -> WebRtcConfig:

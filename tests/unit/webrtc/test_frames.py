@@ -80,16 +80,17 @@ def test_other_sample_formats_go_through_the_fallback_resampler() -> None:
     assert len(out) % 640 == 0 and len(out) >= 640
 
 
-def test_outbound_opus_is_encoded_here_with_pts_in_samples() -> None:
+def test_outbound_opus_is_encoded_here_with_pts_on_its_rtp_clock() -> None:
     wrap = OutboundAudio(PCM16_16K, "opus")
     packets = [wrap.wrap(tone_pcm16(440, 20, 16000)) for _ in range(3)]
     packets.append(wrap.wrap(b"\x00\x00" * 100))  # a short frame is padded to 20 ms
     sent = [p for p in packets if p is not None]
     assert len(sent) >= 3 and all(isinstance(p, av.Packet) for p in sent)
     assert sent[0].pts == 0  # libopus's look-ahead is taken out
-    assert [b.pts - a.pts for a, b in itertools.pairwise(sent)] == [320] * (len(sent) - 1)
-    assert all(p.time_base == fractions.Fraction(1, 16000) for p in sent)
-    assert wrap.pts == 4 * 320
+    # Stamped on Opus's 48 kHz RTP clock (RFC 7587 §4.1): 960 per 20 ms.
+    assert [b.pts - a.pts for a, b in itertools.pairwise(sent)] == [960] * (len(sent) - 1)
+    assert all(p.time_base == fractions.Fraction(1, 48000) for p in sent)
+    assert wrap.pts == 4 * 320  # in the leg's samples
     decoder = av.CodecContext.create("libopus", "r")
     decoded = b"".join(
         bytes(f.planes[0])[: f.samples * 2 * len(f.layout.channels)]
@@ -110,7 +111,7 @@ def test_settled_opus_silence_is_sent_again_without_encoding() -> None:
     assert len(set(repeated)) == 1 and repeated[0] == bytes(silent[SILENCE_SETTLE_FRAMES - 1])
     # Timestamps only rise, by whole frames: the frame libopus held back is dropped, once.
     steps = [b.pts - a.pts for a, b in itertools.pairwise(sent)]
-    assert all(step > 0 and step % 320 == 0 for step in steps) and steps.count(640) == 1
+    assert all(step > 0 and step % 960 == 0 for step in steps) and steps.count(1920) == 1
     assert len(sent) == len(packets) - 1  # the held-back frame, only
     decoder = av.CodecContext.create("libopus", "r")
     pcm = [
