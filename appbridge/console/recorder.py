@@ -13,11 +13,14 @@ are recognised by their first bytes and counted as audio, not kept as messages.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 from appbridge.console.levels import SILENCE_DBFS, dbfs
 from appbridge.console.timeline import Timeline, parse_message
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from appbridge.apps.link import AppLink
@@ -93,7 +96,13 @@ class CallRecorder:
         if self.call is None:
             return
         self.note_state()
-        type_, summary, parsed = parse_message(data)
+        try:
+            type_, summary, parsed = parse_message(data)
+        except Exception:  # the console never costs a call anything: the message goes unkept
+            log.debug(
+                "console: a message of call %s was not recorded", self.call.call_ref, exc_info=True
+            )
+            type_, summary, parsed = "unrecorded", f"{len(data)} bytes", None
         self.timeline.add(self.ms(), dir_, "message", type_, summary, parsed)
 
     # -- sampled by the console's timer ---------------------------------------------------------

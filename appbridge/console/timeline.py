@@ -23,6 +23,8 @@ from typing import Any, Final
 
 from appbridge.logs import REDACTED, redact
 from appbridge.net.plaintext import redact_url
+from appbridge.protocol import json_bounds
+from appbridge.protocol.json_bounds import TOO_DEEP, JsonBodyError, top_level_strings
 
 MAX_ENTRIES: Final = 2000
 #: Of those, levels and frame counts: the last half minute or so (4 levels and up to 4 counts a
@@ -95,9 +97,13 @@ def bounded(data: dict[str, Any]) -> dict[str, Any]:
 def parse_message(raw: bytes) -> tuple[str, str, dict[str, Any] | None]:
     """A JSON message's ``type`` (or Twilio's ``event``), summary and kept data."""
     try:
-        parsed = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return "invalid", f"not JSON ({len(raw)} bytes)", None
+        parsed = json_bounds.loads(raw)
+    except JsonBodyError as exc:
+        if str(exc) != TOO_DEEP:
+            return "invalid", f"not JSON ({len(raw)} bytes)", None
+        named = top_level_strings(raw, ("type", "event"))
+        named_type = named.get("type", named.get("event", "invalid"))
+        return named_type[:100], f"{TOO_DEEP} ({len(raw)} bytes)", None
     if not isinstance(parsed, dict):
         return "invalid", f"not a JSON object ({len(raw)} bytes)", None
     kind = parsed.get("type", parsed.get("event"))

@@ -73,6 +73,13 @@ def test_bad_messages_are_entries_without_data() -> None:
     assert parse_message(b'{"type": 5}')[0] == "unknown"
 
 
+def test_json_nested_too_deeply_for_any_decoder_keeps_only_its_type() -> None:
+    deep = b'{"type": "handoff", "payload": ' + b"[" * 9000 + b"]" * 9000 + b"}"
+    type_, summary, data = parse_message(deep)
+    assert (type_, data) == ("handoff", None)
+    assert summary == f"JSON nested too deeply ({len(deep)} bytes)"
+
+
 def test_strings_lists_and_the_whole_are_bounded() -> None:
     _, _, data = parse_message(json.dumps({"type": "speak", "text": "a" * 5000}).encode())
     assert data is not None and len(data["text"]) == MAX_STRING + 1
