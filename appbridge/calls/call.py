@@ -16,13 +16,11 @@ From then on three things drive it, all on the event loop and none of them waiti
   on hold, from the hold music) and hands it to the carrier leg, emitting ``output.*`` and
   ``mark`` events as items are heard.
 
-A handoff replaces the app session (and its listeners) while the call and the carrier leg stay
-up: a new ``sessionRef``, a new ``session.start`` carrying the payload.
-
-An app that asked to reconnect (docs/protocol-session-v1.md, "Reconnecting") keeps its call when
-its link is lost: the call is *between links* (``between_links``) while ``calls/app_session.py``
-redials; the output queue plays on, events for the app are only counted, caller audio reaches
-the ears and listeners only. Nothing of this touches the per-frame path of a linked call.
+A handoff replaces the app session and its listeners (a new ``sessionRef`` and
+``session.start``) while the call and the carrier leg stay up. An app that asked to reconnect
+(docs/protocol-session-v1.md, "Reconnecting") keeps its call when its link is lost: the call is
+*between links* while ``calls/app_session.py`` redials, the output queue plays on, events for
+the app are only counted and caller audio reaches only the ears and listeners.
 
 A transfer (``calls/transfer.py``) may bring a second leg: during a warm transfer the new party
 takes the caller's place toward the app (its audio in, the app's output out) while the caller
@@ -30,9 +28,9 @@ hears the transfer's music; a completed warm transfer, or a cold one the carrier
 itself, leaves the two legs joined by a ``calls/bridge.Bridge``. The session then ends with
 ``transfer`` but the call lives on, in state ``bridged``, until a party hangs up.
 
-Everything that can fail in one call is caught at this class's boundaries (one exception ends at
-most this call, never another), and ``end`` is the single way out: ``session.end`` to the app and
-its listeners, the carrier hung up (or let go after a transfer), the registry told.
+Whatever fails in one call is caught at this class's boundaries and ends at most this call;
+``end`` is the one way out: ``session.end`` to the app and its listeners, the carrier hung up
+(or let go after a transfer), the registry told.
 """
 
 from __future__ import annotations
@@ -114,9 +112,8 @@ class Call:
         self.link: AppLink | None = None
         self.listeners: ListenerSet | None = None
         self.ears: Ears | None = None
-        # The ears listen in pcm16; when that is the session's format too, the frames converted
-        # for the app serve them as they are (one conversion per frame, not two). Kept by
-        # _sync_ears and use_app, so that no frame compares the two formats.
+        # The ears listen in pcm16: when the session's format is that too, the app's frames serve
+        # them (one conversion per frame); kept by _sync_ears and use_app, not per frame.
         self.ears_share_frames = False
         self.leg: CarrierLeg | None = None
         self.queue: OutputQueue | None = None
@@ -155,8 +152,7 @@ class Call:
         self.ended = asyncio.Event()
         self.frames_in = 0
         self.frames_out = 0
-        # The console (console/recorder.py): taps the link, samples the last frame each way.
-        self.tap: LinkTap | None = None
+        self.tap: LinkTap | None = None  # the console's (console/recorder.py), and its samples:
         self.last_in: bytes = b""
         self.last_out: bytes = b""
 
@@ -213,9 +209,8 @@ class Call:
 
     def _sync_ears(self) -> None:
         """VAD, turn detector and STT run for fonoster apps only: the Twilio dialect carries no
-        turn or transcript events (docs/protocol-twilio.md, "Twilio-dialect apps"), and the
-        gateway never acts on caller speech by itself ("Interruptions"), so for a Twilio-dialect
-        app they would only burn CPU (a local STT per call, about 7 % of a core each)."""
+        turn or transcript events and the gateway never acts on caller speech by itself
+        (docs/protocol-twilio.md, "Twilio-dialect apps", "Interruptions")."""
         leg = self.leg
         if leg is None:
             return
@@ -589,11 +584,9 @@ class Call:
         self._let_go()
 
     def _let_go(self) -> None:
-        """Drop the parts that point back at the call (the legs' events, the ears, the app
-        link's listener, a transfer or bridge): an ended call then forms no reference cycle, and
-        reference counting frees it with everything it held as soon as its last task is done,
-        instead of leaving it for a full collection (media/gc_pacer.py). The record
-        of the call lives on in the registry as a description."""
+        """Drop the parts that point back at the call, so that an ended call forms no reference
+        cycle and reference counting frees it as soon as its last task is done, not a full
+        collection (media/gc_pacer.py); the registry keeps its description."""
         if self.leg is not None:
             self.gw.metrics.audio_dropped_to_carrier += self.leg.audio_dropped
         self.anchor.target = None
