@@ -7,7 +7,6 @@
   const CALLS_MS = 1000; // the call lists
   const TIMELINE_MS = 500; // the chosen call's timeline, while it is live
   const MAX_ENTRIES = 2000; // as many as the gateway keeps per call
-  const SILENT_DBFS = -100;
 
   const el = (id) => document.getElementById(id);
   const ui = {
@@ -26,21 +25,7 @@
   let chosen = null; // {ref, after, live, timer}
   let lastLists = { live: [], ended: [] };
 
-  // A 401 means the login lapsed: reloading shows the gateway's login form.
-  async function api(path, options = {}) {
-    const res = await fetch(path, { credentials: "same-origin", ...options });
-    if (res.status === 401) {
-      // Reload once (the gateway then shows its login form); a second 401 soon after means
-      // this route refuses what the page was allowed with, and reloading again would loop.
-      const last = Number(sessionStorage.getItem("appbridge-reloaded") || 0);
-      if (Date.now() - last > 30000) {
-        sessionStorage.setItem("appbridge-reloaded", String(Date.now()));
-        window.location.reload();
-      }
-      throw new Error(`unauthorized (${path})`);
-    }
-    return res;
-  }
+  const { api, showLevel, SILENT_DBFS } = window.AppBridge;
 
   function duration(ms) {
     const total = Math.max(0, Math.floor(Number(ms) / 1000) || 0);
@@ -118,15 +103,6 @@
     }
     noteLiveness();
     pollTimeline(chosen);
-  }
-
-  function showLevel(meter, dbfs) {
-    const number = Number(dbfs);
-    const value = Number.isFinite(number) ? Math.round(Math.max(SILENT_DBFS, Math.min(0, number)) * 10) / 10 : SILENT_DBFS;
-    meter.value = value;
-    meter.dataset.dbfs = String(value);
-    const label = document.querySelector(`.dbfs[data-for="${meter.id}"]`);
-    if (label) label.textContent = `${value.toFixed(0)} dBFS`;
   }
 
   function span(className, text) {

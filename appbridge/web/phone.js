@@ -7,7 +7,6 @@
   const GATHER_LIMIT_MS = 3000; // offer whatever candidates were gathered by then
   const POLL_MS = 500; // transcript: the call's timeline, polled while in call
   const METER_MS = 100; // level meters, about 10 updates a second
-  const SILENT_DBFS = -100;
   const HANGUP_WAIT_MS = 1500; // how long "Hang up" waits for the gateway's "ended"
 
   const el = (id) => document.getElementById(id);
@@ -31,22 +30,7 @@
 
   // ------------------------------------------------------------------ the gateway's API
 
-  // Every request carries the session cookie; a 401 means the login lapsed, and reloading shows
-  // the gateway's login form.
-  async function api(path, options = {}) {
-    const res = await fetch(path, { credentials: "same-origin", ...options });
-    if (res.status === 401) {
-      // Reload once (the gateway then shows its login form); a second 401 soon after means
-      // this route refuses what the page was allowed with, and reloading again would loop.
-      const last = Number(sessionStorage.getItem("appbridge-reloaded") || 0);
-      if (Date.now() - last > 30000) {
-        sessionStorage.setItem("appbridge-reloaded", String(Date.now()));
-        window.location.reload();
-      }
-      throw new Error(`unauthorized (${path})`);
-    }
-    return res;
-  }
+  const { api, showLevel, SILENT_DBFS } = window.AppBridge;
 
   async function errorText(res) {
     try {
@@ -95,14 +79,6 @@
     ui.hangup.disabled = !busy;
     ui.number.disabled = busy;
     ui.app.disabled = busy;
-  }
-
-  function showLevel(meter, dbfs) {
-    const value = Math.round(Math.max(SILENT_DBFS, Math.min(0, dbfs)) * 10) / 10;
-    meter.value = value;
-    meter.dataset.dbfs = String(value);
-    const label = document.querySelector(`.dbfs[data-for="${meter.id}"]`);
-    if (label) label.textContent = `${value.toFixed(0)} dBFS`;
   }
 
   // RMS of the analyser's latest window in dB relative to full scale; -100 for silence.
