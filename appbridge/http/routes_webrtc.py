@@ -34,13 +34,6 @@ MAX_BODY_BYTES: Final = 64 * 1024
 _SIGNALLING: Final = "appbridge.carriers.webrtc.signalling"
 
 
-async def guard(gw: Gateway, request: Request) -> Response | None:
-    """Who may use these routes: the pages' own rule (http/web_auth.py; docs/operations.md,
-    "The console and the softphone"): anyone on a loopback-only gateway, else a token of
-    ``[api] tokens`` as a Bearer or through the login's session cookie."""
-    return await web_guard(gw, request)
-
-
 def _numbers(gw: Gateway) -> list[dict[str, str]]:
     return [
         {"number": route.number, "app": route.app}
@@ -68,7 +61,7 @@ class BrowserCarrier:
 
 
 async def directory(gw: Gateway, request: Request) -> Response:
-    refused = await guard(gw, request)
+    refused = await web_guard(gw, request)
     if refused is not None:
         return refused
     return JSONResponse(
@@ -99,7 +92,7 @@ def _target(gw: Gateway, data: dict[str, Any]) -> tuple[AppConfig, str]:
 
 
 async def create_call(gw: Gateway, carrier: BrowserCarrier, request: Request) -> Response:
-    refused = await guard(gw, request)
+    refused = await web_guard(gw, request)
     if refused is not None:
         return refused
     declared = request.headers.get("content-length", "")

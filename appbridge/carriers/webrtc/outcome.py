@@ -10,18 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from appbridge.carriers.requests import OutboundError
+
 if TYPE_CHECKING:
     from appbridge.config.model import WebRtcConfig
 
 
-class WebRtcRefusal(Exception):
-    """An answer other than 201: the HTTP status and the error code of http/errors.py."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+class WebRtcRefusal(OutboundError):
+    """A browser's offer answered other than 201: like any call request that cannot be placed
+    (carriers/requests.py), its HTTP status and the error code of http/errors.py."""
 
 
 @dataclass(frozen=True, slots=True)
