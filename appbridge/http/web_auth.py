@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from appbridge.console.logins import SESSION_LIFETIME_S, SessionStore
+from appbridge.console.logins import SESSION_LIFETIME_S
 from appbridge.http.errors import error
 
 if TYPE_CHECKING:
@@ -37,11 +37,6 @@ DEFAULT_NEXT: Final = "/phone"
 #: The pages whose refusal is a login form rather than JSON.
 PAGES: Final = frozenset({"/phone", "/console"})
 NO_STORE: Final = {"Cache-Control": "no-store"}
-
-
-def sessions_for(gw: Gateway) -> SessionStore:
-    """The gateway's login sessions (``Gateway.web_sessions``): they go with the gateway."""
-    return gw.web_sessions
 
 
 def loopback_only(host: str) -> bool:
@@ -90,7 +85,7 @@ async def web_guard(gw: Gateway, request: Request) -> Response | None:
     if token_ok(gw, _bearer(request)):
         return None
     key = request.cookies.get(COOKIE_NAME)
-    if key and sessions_for(gw).valid(key, gw.clock.now()):
+    if key and gw.web_sessions.valid(key, gw.clock.now()):
         return None
     if request.method == "GET" and request.url.path in PAGES:
         return login_page(request.url.path, status=401)
@@ -153,7 +148,7 @@ async def login(gw: Gateway, request: Request) -> Response:
         client = request.client.host if request.client is not None else "?"
         log.info("web login refused from %s: not a token of [api] tokens", client)
         return login_page(next_path, status=401, message="That token is not valid.")
-    key = sessions_for(gw).open(gw.clock.now())
+    key = gw.web_sessions.open(gw.clock.now())
     resp = RedirectResponse(next_path, status_code=303, headers=NO_STORE)
     resp.set_cookie(
         COOKIE_NAME,
@@ -170,7 +165,7 @@ async def login(gw: Gateway, request: Request) -> Response:
 async def logout(gw: Gateway, request: Request) -> Response:
     key = request.cookies.get(COOKIE_NAME)
     if key:
-        sessions_for(gw).close(key)
+        gw.web_sessions.close(key)
     resp = RedirectResponse("/login", status_code=303, headers=NO_STORE)
     resp.delete_cookie(
         COOKIE_NAME, path="/", httponly=True, samesite="strict", secure=secure_cookie(gw, request)
