@@ -267,12 +267,16 @@ class RtpSender:
     for a random SSRC; tests pass them explicitly. Every method returns wire bytes ready to
     send. Call `audio()` for each frame sent and `skip()` for each frame of silence that is not
     sent; `event()` sends an RFC 4733 packet with the event's own timestamp (RFC 4733 section
-    2.3.1) on the same sequence space.
+    2.3.1) on the same sequence space. `extension` is a header extension (RFC 3550 section
+    5.3.1, with its 4-byte header) that every packet carries, such as a browser leg's MID
+    (RFC 8843 section 15, RFC 8285); it is serialized once, by the caller.
     """
 
     __slots__ = (
         "_after_gap",
+        "_b0",
         "_event_pt",
+        "_extension",
         "_frame_units",
         "_payload_type",
         "_seq",
@@ -291,9 +295,14 @@ class RtpSender:
         ssrc: int | None = None,
         initial_sequence: int | None = None,
         initial_timestamp: int | None = None,
+        extension: bytes = b"",
     ) -> None:
         if not 0 <= payload_type <= 127:
             raise ValueError("payload type is 0..127")
+        if len(extension) % 4 or 0 < len(extension) < 4:
+            raise ValueError("a header extension is whole 32-bit words, its header included")
+        self._extension = extension
+        self._b0 = 0x90 if extension else 0x80
         self._payload_type = payload_type
         self._event_pt = event_payload_type
         self._frame_units = frame_units
@@ -332,11 +341,11 @@ class RtpSender:
         self._event_pt = payload_type
 
     def _packet(self, pt: int, marker: bool, ts: int, payload: bytes) -> bytes:
-        head = _HEADER.pack(0x80, pt | 0x80 if marker else pt, self._seq, ts, self._ssrc)
+        head = _HEADER.pack(self._b0, pt | 0x80 if marker else pt, self._seq, ts, self._ssrc)
         self._seq = (self._seq + 1) & 0xFFFF
         self.packets_sent += 1
         self.payload_bytes_sent += len(payload)
-        return head + payload
+        return head + self._extension + payload
 
     def audio(
         self, payload: bytes, *, duration_units: int | None = None, talkspurt_start: bool = False

@@ -14,7 +14,8 @@ port (RFC 5761) is told apart by its packet type and goes through the SRTCP side
 session.
 
 `rekey` follows a re-INVITE that changed a key (RFC 4568 §7.1.4): only the side whose key
-changed gets a new session.
+changed gets a new session. A browser leg's sessions are keyed by its DTLS handshake instead
+(RFC 5764 §4.2, in aiortc): `SrtpStreams.over` counts and drops the same way on those.
 """
 
 from __future__ import annotations
@@ -74,10 +75,25 @@ class SrtpStreams:
     def __init__(self, keys: SrtpKeys, label: str = "sip") -> None:
         if keys.suite not in _PROFILES:
             raise ValueError(f"unsupported SRTP suite {keys.suite!r}")
-        self.keys = keys
+        self.keys: SrtpKeys | None = keys
+        self._start(
+            _session(keys.receive_key, keys.suite, Policy.SSRC_ANY_INBOUND),
+            _session(keys.send_key, keys.suite, Policy.SSRC_ANY_OUTBOUND),
+            label,
+        )
+
+    @classmethod
+    def over(cls, inbound: Session, outbound: Session, *, label: str) -> SrtpStreams:
+        """Streams on two sessions keyed elsewhere (module doc); they are never rekeyed."""
+        streams = cls.__new__(cls)
+        streams.keys = None
+        streams._start(inbound, outbound, label)
+        return streams
+
+    def _start(self, inbound: Session, outbound: Session, label: str) -> None:
         self._label = label
-        self._outbound = _session(keys.send_key, keys.suite, Policy.SSRC_ANY_OUTBOUND)
-        self._inbound = _session(keys.receive_key, keys.suite, Policy.SSRC_ANY_INBOUND)
+        self._outbound = outbound
+        self._inbound = inbound
         self.auth_failures = 0
         self.replays = 0
         self.rtcp_received = 0
@@ -85,7 +101,10 @@ class SrtpStreams:
         self._dropped_logged = 0
 
     def __repr__(self) -> str:
-        return f"<SrtpStreams {self.keys.suite} tag {self.keys.tag}>"
+        keys = self.keys
+        return (
+            f"<SrtpStreams {keys.suite} tag {keys.tag}>" if keys else f"<SrtpStreams {self._label}>"
+        )
 
     @property
     def dropped(self) -> int:
@@ -95,12 +114,15 @@ class SrtpStreams:
         """New sessions for the sides whose key (or suite) changed; the others carry on."""
         if keys == self.keys:
             return
+        if self.keys is None:
+            raise ValueError("streams keyed by DTLS are not rekeyed by SDES")
         if keys.suite not in _PROFILES:
             raise ValueError(f"unsupported SRTP suite {keys.suite!r}")
-        same_suite = keys.suite == self.keys.suite
-        if not same_suite or keys.send_key != self.keys.send_key:
+        old = self.keys
+        same_suite = keys.suite == old.suite
+        if not same_suite or keys.send_key != old.send_key:
             self._outbound = _session(keys.send_key, keys.suite, Policy.SSRC_ANY_OUTBOUND)
-        if not same_suite or keys.receive_key != self.keys.receive_key:
+        if not same_suite or keys.receive_key != old.receive_key:
             self._inbound = _session(keys.receive_key, keys.suite, Policy.SSRC_ANY_INBOUND)
         self.keys = keys
 

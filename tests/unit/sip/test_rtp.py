@@ -159,6 +159,22 @@ def test_sender_sends_silence_packets_without_marker() -> None:
     assert first.marker and not second.marker and second.payload_type == 8
 
 
+def test_sender_puts_its_header_extension_on_every_packet() -> None:
+    """A browser leg's MID (RFC 8843 §15.2) as an RFC 8285 one-byte element, whole words."""
+    ext = bytes.fromhex("bede0001") + bytes.fromhex("10300000")
+    s = RtpSender(
+        payload_type=111, event_payload_type=101, ssrc=3, initial_sequence=0, extension=ext
+    )
+    packets = [RtpPacket.parse(s.audio(b"opus")), RtpPacket.parse(s.audio(b"opus"))]
+    packets.append(RtpPacket.parse(s.event(b"\x05\x0a\x00\x00", timestamp=0, marker=True)))
+    assert all((p.extension_profile, p.extension) == (0xBEDE, ext[4:]) for p in packets)
+    assert [p.payload for p in packets[:2]] == [b"opus", b"opus"]
+    assert s.payload_bytes_sent == 12  # the payloads only
+    for bad in (b"\xbe\xde", bytes(6)):
+        with pytest.raises(ValueError):
+            RtpSender(payload_type=0, extension=bad)
+
+
 def test_sender_events_share_the_sequence_space() -> None:
     s = RtpSender(
         payload_type=0, event_payload_type=101, ssrc=7, initial_sequence=10, initial_timestamp=0

@@ -162,6 +162,24 @@ def test_protect_rtcp_round_trip() -> None:
     assert SrtpStreams(theirs).unprotect(sent, 0.0) == rr
 
 
+def test_streams_over_sessions_keyed_elsewhere() -> None:
+    """A browser leg's sessions come from its DTLS handshake (RFC 5764 §4.2): counted and
+    dropped the same way, never rekeyed by SDES."""
+    ours, theirs = pair()
+    into = Session(Policy(key=ours.receive_key, ssrc_type=Policy.SSRC_ANY_INBOUND))
+    out = Session(Policy(key=ours.send_key, ssrc_type=Policy.SSRC_ANY_OUTBOUND))
+    streams = SrtpStreams.over(into, out, label="webrtc CA1")
+    peer = SrtpStreams(theirs)
+    packet = RtpSender(payload_type=0, ssrc=7).audio(b"x" * 160)
+    assert peer.unprotect(streams.protect(packet), 0.0) == packet
+    sent = peer.protect(packet)
+    assert streams.unprotect(sent, 0.0) == packet
+    assert streams.unprotect(sent, 0.0) is None and streams.replays == 1
+    assert "webrtc CA1" in repr(streams) and streams.keys is None
+    with pytest.raises(ValueError):
+        streams.rekey(ours)
+
+
 def test_plain_leg_sends_plain_rtp() -> None:
     leg, _, wire, deferred, _ = make_leg(None)
     assert leg.srtp is None
