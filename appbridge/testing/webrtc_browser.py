@@ -22,7 +22,6 @@ import httpx
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from appbridge.carriers.webrtc.frames import InboundAudio
 from appbridge.carriers.webrtc.messages import CHANNEL_LABEL
 
 HEARD_RATE_HZ: Final = 16_000
@@ -103,7 +102,7 @@ class BrowserPeer:
         self.heard = bytearray()
         self.call_ref: str | None = None
         self.answer: dict[str, Any] | None = None
-        self._inbound = InboundAudio(HEARD_RATE_HZ)
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=HEARD_RATE_HZ)
         self._reader: asyncio.Task[None] | None = None
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
@@ -126,8 +125,8 @@ class BrowserPeer:
             except MediaStreamError:
                 return
             assert isinstance(frame, av.AudioFrame)
-            for payload in self._inbound.convert(frame):
-                self.heard += payload
+            for out in self._resampler.resample(frame):
+                self.heard += bytes(out.planes[0])[: out.samples * 2]
 
     async def offer(self) -> str:
         transceiver = self.pc.addTransceiver(self.mic, direction="sendrecv")

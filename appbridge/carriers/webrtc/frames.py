@@ -1,20 +1,17 @@
-"""Audio between aiortc's frames and the engine's 20 ms frames, both ways.
+"""Audio between RTP payloads of a browser call and the engine's 20 ms frames, both ways.
 
-Inbound, aiortc's decoders hand over ``av.AudioFrame`` objects: Opus as 48 kHz interleaved
-stereo ``s16`` (RFC 7587 §4: the RTP clock of Opus is always 48 kHz, and libopus decodes to
-stereo), G.711 as 8 kHz mono ``s16``. :class:`InboundAudio` turns them into the leg's format,
-mono ``pcm16`` at 16 kHz or 8 kHz, cut into exact 20 ms frames for ``on_carrier_audio``. The
-channel mix and the rate change go through audioop and the project's ``media/resample.py``
-rather than ``av.AudioResampler``: the same job measures at about half the CPU that way
-(docs/PERFORMANCE.md, "Browser calls (WebRTC)"). A frame in another layout or sample format
-(not something aiortc produces today) falls back to ``av.AudioResampler``.
+The leg (``leg.py``) carries the RTP itself, so this module sees payloads only. Inbound,
+:class:`InboundAudio` decodes each payload to mono ``pcm16`` at the leg's rate: Opus through
+libopus (PyAV) asked for mono, whatever the browser encoded (RFC 6716 §2, RFC 7587 §3.1.1), then
+from its 48 kHz to 16 kHz with the project's ``media/resample.py`` (FFmpeg's libopus decoder
+always answers at 48 kHz; the project's converter takes about half the CPU of
+``av.AudioResampler`` for the same job, docs/PERFORMANCE.md, "Browser calls (WebRTC)"); G.711
+with audioop at 8 kHz. What comes out is cut into exact 20 ms frames for ``on_carrier_audio``.
 
-Outbound, :class:`OutboundAudio` encodes each 20 ms frame of the engine itself and hands
-aiortc's RTP sender an ``av.Packet`` with a running ``pts`` and its ``time_base``, which the
-sender packetises as it is (its ``pack`` path): G.711 with audioop, Opus with libopus fed the
-leg's 16 kHz mono directly. Given a frame instead, aiortc would resample it to 48 kHz stereo,
-encode it in a worker thread and measure its level, for more CPU per call
-(docs/PERFORMANCE.md, "Browser calls (WebRTC)").
+Outbound, :class:`OutboundAudio` encodes each 20 ms frame of the engine: G.711 with audioop, Opus
+with libopus fed the leg's 16 kHz mono directly (RFC 7587 §3.1.1: any input rate, the RTP clock
+stays 48 kHz). Once the encoder has settled in silence its last silent packet is sent again
+instead of encoding another (:meth:`OutboundAudio.silence`).
 """
 
 from __future__ import annotations
@@ -32,17 +29,20 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
-#: The engine format of each codec a browser may negotiate (``leg_format``).
 _OPUS: Final = "opus"
 _G711: Final = ("pcmu", "pcma")
 FRAME_MS: Final = 20
 #: Bits per second of the Opus stream toward the browser (``_opus_encoder``).
 OPUS_BIT_RATE: Final = 32_000
+#: libopus's complexity (0-10) toward the browser; RFC 7587 §7 leaves it to the sender.
+OPUS_COMPLEXITY: Final = 3
 #: Silent frames encoded in a row before the encoder counts as settled in silence, after which
 #: its last silent packet is sent again instead of encoding another.
 SILENCE_SETTLE_FRAMES: Final = 5
+#: The RTP clock of Opus, whatever the audio's rate (RFC 7587 §4.1).
 OPUS_RTP_CLOCK_HZ: Final = 48_000
-_OPUS_TIME_BASE: Final = fractions.Fraction(1, OPUS_RTP_CLOCK_HZ)
+#: What FFmpeg's libopus decoder gives, whatever is asked.
+OPUS_DECODED_HZ: Final = 48_000
 
 
 def leg_format(codec: str) -> AudioFormat:
@@ -60,40 +60,43 @@ def leg_format(codec: str) -> AudioFormat:
     raise ValueError(f"a browser leg cannot carry {codec}")
 
 
+def rtp_clock_hz(codec: str) -> int:
+    """The RTP clock of a codec a browser leg carries (RFC 7587 §4.1, RFC 3551 §4.5.14)."""
+    return OPUS_RTP_CLOCK_HZ if codec.lower() == _OPUS else 8000
+
+
 class InboundAudio:
-    """aiortc's decoded frames to exact 20 ms frames of mono pcm16 at ``rate_hz`` (module doc)."""
+    """RTP payloads of the negotiated codec to 20 ms frames of mono pcm16 (module doc)."""
 
-    __slots__ = ("_fallback", "_frame_bytes", "_pending", "_rate", "_state")
+    __slots__ = ("_decode", "_frame_bytes", "_opus", "_pending", "_rate", "_state")
 
-    def __init__(self, rate_hz: int) -> None:
+    def __init__(self, codec: str, rate_hz: int) -> None:
+        name = codec.lower()
         self._rate = rate_hz
         self._frame_bytes = rate_hz * FRAME_MS // 1000 * 2
         self._pending = bytearray()
         self._state: RatecvState | None = None
-        self._fallback: av.AudioResampler | None = None
+        self._decode = {"pcmu": audioop.ulaw2lin, "pcma": audioop.alaw2lin}.get(name)
+        self._opus: Any = _opus_decoder() if name == _OPUS else None
 
-    def _pcm(self, frame: av.AudioFrame) -> bytes:
-        """The frame as mono pcm16 at the leg's rate."""
-        channels = len(frame.layout.channels)
-        if frame.format.name != "s16" or channels > 2:
-            return self._resampled(frame)
-        data = bytes(frame.planes[0])[: frame.samples * channels * 2]
-        if channels == 2:
-            data = audioop.tomono(data, 2, 0.5, 0.5)
-        if frame.sample_rate != self._rate:
-            data, self._state = ratecv(data, frame.sample_rate, self._rate, self._state)
+    def _pcm(self, payload: bytes) -> bytes:
+        if self._decode is not None:
+            return self._decode(payload, 2)
+        data = b"".join(
+            bytes(frame.planes[0])[: frame.samples * 2]
+            for frame in self._opus.decode(av.Packet(payload))
+        )
+        if self._rate != OPUS_DECODED_HZ:
+            data, self._state = ratecv(data, OPUS_DECODED_HZ, self._rate, self._state)
         return data
 
-    def _resampled(self, frame: av.AudioFrame) -> bytes:
-        if self._fallback is None:
-            self._fallback = av.AudioResampler(format="s16", layout="mono", rate=self._rate)
-        return b"".join(
-            bytes(out.planes[0])[: out.samples * 2] for out in self._fallback.resample(frame)
-        )
-
-    def convert(self, frame: av.AudioFrame) -> list[bytes]:
-        """The whole 20 ms frames this decoded frame completes (none, one or a few)."""
-        data = self._pcm(frame)
+    def decode(self, payload: bytes) -> list[bytes]:
+        """The whole 20 ms frames this payload completes (none, one or a few). A payload the
+        decoder refuses is heard as nothing rather than ending the call."""
+        try:
+            data = self._pcm(payload)
+        except (av.FFmpegError, ValueError):
+            return []
         size = self._frame_bytes
         pending = self._pending
         if not pending and len(data) == size:
@@ -107,7 +110,7 @@ class InboundAudio:
 
 
 class OutboundAudio:
-    """The engine's 20 ms pcm16 frames as what aiortc's RTP sender takes (module doc)."""
+    """The engine's 20 ms pcm16 frames as RTP payloads of the negotiated codec (module doc)."""
 
     __slots__ = (
         "_encode",
@@ -116,7 +119,6 @@ class OutboundAudio:
         "_opus_origin",
         "_pts",
         "_rate",
-        "_rtp_scale",
         "_samples",
         "_silence",
         "_silent_packet",
@@ -129,60 +131,46 @@ class OutboundAudio:
         self._rate = audio_format.rate_hz
         self._samples = audio_format.samples_for_ms(FRAME_MS)
         self._time_base = fractions.Fraction(1, self._rate)
-        # Opus packets leave stamped on its 48 kHz RTP clock (RFC 7587 §4.1), so that aiortc's
-        # sender need not convert each one with fractions.
-        self._rtp_scale = OPUS_RTP_CLOCK_HZ // self._rate if name == _OPUS else 1
-        self._pts = 0
+        self._pts = 0  # the encoder's input clock, in samples
         self._encode = {"pcmu": audioop.lin2ulaw, "pcma": audioop.lin2alaw}.get(name)
         self._opus: Any = _opus_encoder(self._rate) if name == _OPUS else None
         self._opus_origin: int | None = None
         self._silence = bytes(self._samples * 2)
         self._silent_run = 0
         self._silent_packet: bytes | None = None
-        self._last_pts = -1  # of the last Opus packet handed out
+        self._last_pts = -1  # of the last Opus packet handed out, in samples
 
-    @property
-    def pts(self) -> int:
-        """The next frame's timestamp, in samples since the first."""
-        return self._pts
-
-    def wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
-        """One frame, encoded and stamped with the next ``pts`` (a short frame is padded with
-        silence); None while the Opus encoder holds its first samples back."""
+    def audio(self, pcm16: bytes) -> bytes | None:
+        """This tick's payload for one frame (a short frame is padded with silence); None when
+        no packet leaves this tick (libopus holding its first samples back)."""
         self._silent_run = 0
-        return self._wrap(pcm16)
+        return self._payload(pcm16)
 
-    def wrap_silence(self) -> av.Packet[Any] | None:
-        """A tick without audio from the engine. libopus takes as long to encode silence as
-        speech, so once ``SILENCE_SETTLE_FRAMES`` silent frames have been encoded in a row the
-        last of their packets is sent again, with the next ``pts``: the browser's decoder then
-        stays in the silence the encoder settled in, and the encoder resumes from that state
-        when audio comes back (RFC 6716 packets decode on their own; RFC 7587 §3.1)."""
+    def silence(self) -> bytes | None:
+        """This tick's payload when the engine has no audio. libopus takes as long to encode
+        silence as speech, so once ``SILENCE_SETTLE_FRAMES`` silent frames have been encoded in
+        a row the last of their packets is sent again: the browser's decoder then stays in the
+        silence the encoder settled in, and the encoder resumes from that state when audio
+        comes back (RFC 6716 packets decode on their own; RFC 7587 §3.1)."""
         self._silent_run += 1
         cached = self._silent_packet
         if self._opus is None or self._silent_run <= SILENCE_SETTLE_FRAMES or cached is None:
-            packet = self._wrap(self._silence)
-            if self._opus is not None and packet is not None:
-                self._silent_packet = bytes(packet)
-            return packet
+            payload = self._payload(self._silence)
+            if self._opus is not None and payload is not None:
+                self._silent_packet = payload
+            return payload
         self._pts += self._samples  # the encoder's input clock goes on meanwhile
         self._last_pts += self._samples
-        packet = av.Packet(cached)
-        packet.pts = self._last_pts * self._rtp_scale
-        packet.time_base = _OPUS_TIME_BASE
-        return packet
+        return cached
 
-    def _wrap(self, pcm16: bytes) -> av.Packet[Any] | None:
+    def _payload(self, pcm16: bytes) -> bytes | None:
         size = self._samples * 2
         if len(pcm16) != size:
             pcm16 = (pcm16 + bytes(size))[:size]
         pts = self._pts
         self._pts = pts + self._samples
         if self._encode is not None:
-            packet = av.Packet(self._encode(pcm16, 2))
-            packet.pts = pts
-            packet.time_base = self._time_base
-            return packet
+            return self._encode(pcm16, 2)
         frame = av.AudioFrame(format="s16", layout="mono", samples=self._samples)
         frame.planes[0].update(pcm16)
         frame.sample_rate = self._rate
@@ -194,23 +182,32 @@ class OutboundAudio:
         out: av.Packet[Any] = packets[0]
         if self._opus_origin is None:
             self._opus_origin = out.pts or 0  # libopus starts before zero (its look-ahead)
-        pts = (out.pts or 0) - self._opus_origin
-        if pts <= self._last_pts:
+        out_pts = (out.pts or 0) - self._opus_origin
+        if out_pts <= self._last_pts:
             return None  # the frame libopus held back when repeated silence took over
-        self._last_pts = pts
-        out.pts = pts * self._rtp_scale
-        out.time_base = _OPUS_TIME_BASE
-        return out
+        self._last_pts = out_pts
+        return bytes(out)
 
 
 def _opus_encoder(rate_hz: int) -> Any:
     """libopus for mono speech at the leg's rate (RFC 7587 §3.1.1: any input rate, the RTP
-    clock stays 48 kHz; §7: 20-32 kbit/s is wideband speech at its best)."""
+    clock stays 48 kHz; §7: 20-32 kbit/s is wideband speech at its best). The complexity is
+    below libopus's default of 10, which costs about twice the CPU per frame for speech that
+    the app's TTS made (docs/PERFORMANCE.md, "Browser calls (WebRTC)")."""
     ctx: Any = av.CodecContext.create("libopus", "w")
     ctx.format = "s16"
     ctx.layout = "mono"
     ctx.sample_rate = rate_hz
     ctx.bit_rate = OPUS_BIT_RATE
     ctx.time_base = fractions.Fraction(1, rate_hz)
-    ctx.options = {"application": "voip"}
+    ctx.options = {"application": "voip", "compression_level": str(OPUS_COMPLEXITY)}
+    return ctx
+
+
+def _opus_decoder() -> Any:
+    """libopus decoding to mono: it decodes a stereo stream to mono itself (RFC 6716 §2)."""
+    ctx: Any = av.CodecContext.create("libopus", "r")
+    ctx.format = "s16"
+    ctx.layout = "mono"
+    ctx.sample_rate = OPUS_DECODED_HZ
     return ctx

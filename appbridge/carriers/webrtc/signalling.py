@@ -6,10 +6,11 @@ Flow of one call (``POST /v1/webrtc/calls``; the HTTP framing is http/routes_web
    app: 404. Admission (draining, ``max_calls``, the CPU limit; docs/configuration.md,
    "Admission control") and the bound on offers being worked on
    (``[webrtc] max_pending_offers``): 503.
-2. The offer is applied to a new ``RTCPeerConnection`` before anything else happens, with the
-   gateway's audio track and codec preferences Opus, then PCMU, then PCMA (RFC 7874 §3: both are
-   mandatory for WebRTC endpoints). A broken offer, or one with no audio the gateway can carry,
-   is a 400 and nothing else: no call, no dial.
+2. The offer is applied to a new ``RTCPeerConnection`` before anything else happens, with an
+   audio transceiver and codec preferences Opus, then PCMU, then PCMA (RFC 7874 §3: both are
+   mandatory for WebRTC endpoints); its RTP is the leg's once DTLS is up (``rtp_path.py``). A
+   broken offer, or one with no audio the gateway can carry, is a 400 and nothing else: no
+   call, no dial.
 3. The call is opened (carrier ``webrtc``, ``from`` ``"browser"``) and the app dialled, as for
    a SIP INVITE (``carriers/sip/inbound.py``); an app that cannot be reached ends the call
    ``error`` and the answer is 502.
@@ -40,11 +41,9 @@ from aiortc import (
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
-from aiortc.mediastreams import MediaStreamTrack
 from aiortc.sdp import SessionDescription
 
 from appbridge.calls import intake
-from appbridge.carriers.webrtc.decoding import decode_opus_to_mono
 from appbridge.carriers.webrtc.host_addresses import use_host_addresses
 from appbridge.carriers.webrtc.leg import WebRtcLeg
 from appbridge.carriers.webrtc.messages import (
@@ -56,7 +55,7 @@ from appbridge.carriers.webrtc.messages import (
     parse_message,
 )
 from appbridge.carriers.webrtc.outcome import Answer, WebRtcRefusal
-from appbridge.carriers.webrtc.track import OutboundTrack
+from appbridge.carriers.webrtc.rtp_path import take_over
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -80,7 +79,7 @@ class BrowserCall:
     """The WebRTC side of one call: its peer connection, leg and data channel."""
 
     pc: RTCPeerConnection
-    track: OutboundTrack
+    transceiver: RTCRtpTransceiver | None = None
     call: Call | None = None
     leg: WebRtcLeg | None = None
     channel: RTCDataChannel | None = None
@@ -115,7 +114,6 @@ class WebRtcCalls:
         self.pending = 0  # offers whose SDP work or app dial is under way
         self.calls: dict[str, BrowserCall] = {}  # by callRef, while the call lives
         use_host_addresses(self.cfg.host_addresses)
-        decode_opus_to_mono()
 
     @property
     def cfg(self) -> WebRtcConfig:
@@ -146,8 +144,7 @@ class WebRtcCalls:
     async def _place(self, app: AppConfig, to: str, offer_sdp: str) -> Answer:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        track = OutboundTrack()
-        bc = BrowserCall(RTCPeerConnection(self.rtc_configuration()), track)
+        bc = BrowserCall(RTCPeerConnection(self.rtc_configuration()))
         try:
             async with asyncio.timeout(SDP_TIMEOUT_S):
                 await self._apply_offer(bc, offer_sdp)
@@ -188,8 +185,9 @@ class WebRtcCalls:
 
     async def _apply_offer(self, bc: BrowserCall, offer_sdp: str) -> None:
         pc = bc.pc
-        transceiver = pc.addTransceiver(bc.track, direction="sendrecv")
+        transceiver = pc.addTransceiver("audio", direction="sendrecv")
         _codec_preferences(transceiver)
+        bc.transceiver = transceiver
         try:
             description = SessionDescription.parse(offer_sdp)
         except Exception as exc:  # aiortc's parser raises what it meets: ValueError, KeyError...
@@ -209,16 +207,14 @@ class WebRtcCalls:
         codec = _negotiated_codec(local.sdp)
         leg = WebRtcLeg(
             codec,
-            bc.track,
+            clock=self.gw.clock,
             defer=self.gw.media_clock.call_after_slice,
             on_hangup=lambda: self._finish(bc),
             label=call.call_ref,
         )
         bc.leg = leg
-        for transceiver in pc.getTransceivers():
-            remote = transceiver.receiver.track
-            if transceiver.kind == "audio" and remote is not None:
-                leg.read_from(remote)
+        if bc.transceiver is not None:
+            take_over(bc.transceiver, leg.connect_media, label=f"webrtc {call.call_ref}")
         self._wire(bc, leg)
         call.attach_carrier(leg)
         log.info("call %s: browser call up (%s)", call.call_ref, codec)
@@ -241,11 +237,6 @@ class WebRtcCalls:
             bc.channel = channel
             channel.on("message", lambda data: self._on_message(bc, leg, data))
 
-        @pc.on("track")
-        def _track(remote: MediaStreamTrack) -> None:
-            if remote.kind == "audio":
-                leg.read_from(remote)
-
     def _on_message(self, bc: BrowserCall, leg: WebRtcLeg, data: str | bytes) -> None:
         message = parse_message(data)
         if isinstance(message, Dtmf):
@@ -260,6 +251,8 @@ class WebRtcCalls:
         if bc.finished:
             return
         bc.finished = True
+        if bc.leg is not None:
+            await bc.leg.close()  # its RTCP BYE leaves while the connection is up
         channel = bc.channel
         call = bc.call
         if channel is not None and channel.readyState == "open" and call is not None:
