@@ -6,13 +6,21 @@ time, nothing downloaded:
 
 * eSpeak NG (the gateway's own ``local`` TTS) speaks the sentences and the acknowledgments, at a
   few speaking rates and voices, and the result goes through µ-law at 8 kHz and back;
+* the same sentences in voices built from recorded speech, which sound less robotic than eSpeak's
+  formant synthesis: Festival's HTS voice ``cmu_us_slt_arctic_hts`` (Debian ``festival``,
+  ``festvox-us-slt-hts``) and Flite's ``rms`` and ``awb`` (Debian ``flite``); a voice whose
+  program is missing is skipped;
 * human recordings: the prompts of Debian's ``asterisk-core-sounds-en-wav`` (Allison Smith,
   CC-BY-SA 3.0), 8 kHz telephone prompts read from the installed package, not copied here.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
 import wave
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -28,6 +36,7 @@ __all__ = [
     "Clip",
     "asterisk_clips",
     "backchannel_clips",
+    "recorded_voice_clips",
     "sentence_clips",
     "silence",
     "speak",
@@ -136,6 +145,48 @@ def backchannel_clips() -> list[Clip]:
                     )
                 )
     return clips
+
+
+#: A voice's command: (text, WAV path) -> its command line and what goes to its stdin.
+VoiceCommand = Callable[[str, str], tuple[list[str], bytes | None]]
+
+
+def _festival_hts(text: str, wav: str) -> tuple[list[str], bytes | None]:
+    return ["text2wave", "-eval", "(voice_cmu_us_slt_arctic_hts)", "-o", wav], text.encode()
+
+
+def _flite(voice: str) -> VoiceCommand:
+    return lambda text, wav: (["flite", "-voice", voice, "-t", text, "-o", wav], None)
+
+
+#: Voices built from recordings (module doc): name -> (its program, its command line and input).
+RECORDED_VOICES: Final[dict[str, tuple[str, VoiceCommand]]] = {
+    "festival-slt-hts": ("text2wave", _festival_hts),
+    "flite-rms": ("flite", _flite("rms")),
+    "flite-awb": ("flite", _flite("awb")),
+}
+
+
+def recorded_voice_clips() -> dict[str, list[Clip]]:
+    """The sentences in each of :data:`RECORDED_VOICES` whose program is installed."""
+    out = {}
+    for voice, (program, command) in RECORDED_VOICES.items():
+        if shutil.which(program) is not None:
+            out[voice] = [
+                Clip(f"{voice}-{i:02d}", s, _said(command, s)) for i, s in enumerate(SENTENCES)
+            ]
+    return out
+
+
+def _said(command: VoiceCommand, text: str) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/said.wav"
+        argv, stdin = command(text, path)
+        subprocess.run(argv, input=stdin, check=True, capture_output=True)
+        with wave.open(path, "rb") as wav:
+            pcm = wav.readframes(wav.getnframes())
+            rate = wav.getframerate()
+    return telephone(pcm, rate)
 
 
 def asterisk_clips() -> list[Clip]:

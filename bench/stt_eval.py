@@ -2,9 +2,10 @@
 
 docs/turn-taking.md, "Choosing it", has the table this prints.
 
-Each clip of bench/speech_corpus.py (eSpeak NG sentences and human telephone prompts, all through
-8 kHz µ-law) goes through the stream's own endpointer (``Segmenter``, at 16 kHz) and every final
-utterance is decoded by :class:`WhisperEngine` with the candidate's model and decoding. CPU is the
+Each clip of bench/speech_corpus.py (the sentences in eSpeak NG and in the installed voices built
+from recordings, and human telephone prompts, all through 8 kHz µ-law) goes through the stream's
+own endpointer (``Segmenter``, at 16 kHz) and every final utterance is decoded by
+:class:`WhisperEngine` with the candidate's model and decoding. CPU is the
 process's CPU time (all threads) spent in decodes, divided by the seconds of audio decoded.
 
     python -m bench.stt_eval                       # every candidate that is installed
@@ -27,7 +28,14 @@ from appbridge.speech.providers.whisper_models import (
     packaged_tiny_model,
 )
 from appbridge.turn.vad import Segmenter
-from bench.speech_corpus import Clip, asterisk_clips, sentence_clips, silence, word_error_rate
+from bench.speech_corpus import (
+    Clip,
+    asterisk_clips,
+    recorded_voice_clips,
+    sentence_clips,
+    silence,
+    word_error_rate,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,31 +100,37 @@ def main() -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="every clip's text")
     parser.add_argument("--only", help="run only the candidates whose name has this")
     args = parser.parse_args()
-    synthetic, human = sentence_clips(), asterisk_clips()
-    print(f"{len(synthetic)} eSpeak sentences, {len(human)} human prompts")
+    sets = {"eSpeak": sentence_clips(), **recorded_voice_clips(), "human": asterisk_clips()}
+    print(", ".join(f"{name}: {len(clips)} clips" for name, clips in sets.items()))
     print(
-        "| candidate | mean WER (eSpeak) | worst | mean WER (human) | worst | CPU s per audio s |"
+        "| candidate | "
+        + " | ".join(f"mean WER ({n}) | worst" for n in sets)
+        + " | CPU s per audio s |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- " * (2 * len(sets) + 2) + "|")
     for cand in candidates(args.model):
         if args.only and args.only not in cand.name:
             continue
-        row = [cand.name]
-        cpu = audio = 0.0
-        for clips in (synthetic, human):
-            if not clips:
-                row += ["-", "-"]
-                continue
-            result = score(cand.engine, clips)
-            cpu += result.cpu_s
-            audio += result.audio_s
-            row.append(f"{statistics.mean(w for _, w, _ in result.wers):.3f}")
-            row.append(f"{max(w for _, w, _ in result.wers):.2f}")
-            if args.verbose:
-                for name, wer, text in result.wers:
-                    print(f"    {name}: {wer:.2f} {text!r}")
-        row.append(f"{cpu / max(audio, 1e-9):.3f}")
-        print("| " + " | ".join(row) + " |", flush=True)
+        print("| " + " | ".join(_row(cand, sets, verbose=args.verbose)) + " |", flush=True)
+
+
+def _row(cand: Candidate, sets: dict[str, list[Clip]], *, verbose: bool) -> list[str]:
+    row = [cand.name]
+    cpu = audio = 0.0
+    for clips in sets.values():
+        if not clips:
+            row += ["-", "-"]
+            continue
+        result = score(cand.engine, clips)
+        cpu += result.cpu_s
+        audio += result.audio_s
+        row.append(f"{statistics.mean(w for _, w, _ in result.wers):.3f}")
+        row.append(f"{max(w for _, w, _ in result.wers):.2f}")
+        if verbose:
+            for name, wer, text in result.wers:
+                print(f"    {name}: {wer:.2f} {text!r}")
+    row.append(f"{cpu / max(audio, 1e-9):.3f}")
+    return row
 
 
 if __name__ == "__main__":
