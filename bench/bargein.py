@@ -11,6 +11,7 @@ frame of the detector's first speech run. Nothing here asserts: it prints a tabl
 
     python -m bench.bargein           # the old settings, the gateway's, and the early designs
     python -m bench.bargein --early 200,400 -v
+    python -m bench.bargein --recorded  # voices built from recordings in place of eSpeak's
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ from appbridge.speech.base import Transcript
 from appbridge.speech.providers.local_stt import WhisperEngine, shared_whisper_engine
 from appbridge.turn.detector import Backchannel, TurnDetector, TurnEvent, TurnTiming, UserStarted
 from appbridge.turn.vad import Segmenter, Utterance, Vad
-from bench.speech_corpus import Clip, asterisk_clips, backchannel_clips, sentence_clips, silence
+from bench.speech_corpus import (
+    Clip,
+    asterisk_clips,
+    backchannel_clips,
+    recorded_backchannel_clips,
+    recorded_voice_clips,
+    sentence_clips,
+    silence,
+)
 
 FRAME_S = 0.02
 FRAME_BYTES = 320  # 20 ms of 8 kHz pcm16
@@ -188,10 +197,16 @@ def main() -> None:
     parser.add_argument("--early", help="ms of speech for early partials, e.g. 200,400")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--only", type=int, help="run only the setting with this row number")
+    parser.add_argument(
+        "--recorded", action="store_true", help="Festival and Flite voices in place of eSpeak's"
+    )
     args = parser.parse_args()
     early = tuple(int(x) for x in args.early.split(",")) if args.early else None
-    sentences = sentence_clips() + asterisk_clips()
-    backchannels = backchannel_clips()
+    if args.recorded:
+        voiced = [clip for clips in recorded_voice_clips().values() for clip in clips]
+        sentences, backchannels = voiced + asterisk_clips(), recorded_backchannel_clips()
+    else:
+        sentences, backchannels = sentence_clips() + asterisk_clips(), backchannel_clips()
     lengths = sorted(c.seconds for c in backchannels)
     median = statistics.median(lengths)
     print(

@@ -36,6 +36,7 @@ __all__ = [
     "Clip",
     "asterisk_clips",
     "backchannel_clips",
+    "recorded_backchannel_clips",
     "recorded_voice_clips",
     "sentence_clips",
     "silence",
@@ -176,6 +177,16 @@ def recorded_voice_clips() -> dict[str, list[Clip]]:
                 Clip(f"{voice}-{i:02d}", s, _said(command, s)) for i, s in enumerate(SENTENCES)
             ]
     return out
+
+
+def recorded_backchannel_clips() -> list[Clip]:
+    """Each acknowledgment in each of :data:`RECORDED_VOICES` whose program is installed."""
+    return [
+        Clip(f"{word}@{voice}", word, _said(command, word))
+        for voice, (program, command) in RECORDED_VOICES.items()
+        if shutil.which(program) is not None
+        for word in BACKCHANNELS
+    ]
 
 
 def _said(command: VoiceCommand, text: str) -> bytes:
