@@ -126,7 +126,6 @@ class WebRtcLeg:
             ssrc=path.ssrc,
             cname=path.cname,
             mid=path.mid,
-            clock_rate_hz=path.clock_rate_hz,
             now=self._clock.now(),
         )
         return self.datagram_received

@@ -101,9 +101,9 @@ class RtcpReports:
 
     ``ssrc`` is the leg's sending SSRC (the ``RtpSender``'s), ``cname`` its SDES CNAME (chosen
     by the leg, as RFC 7022 describes) and ``mid`` the media section of the stream, or None when
-    the SDP had no ``a=mid``. ``clock_rate_hz`` is the RTP clock of the stream, the unit of the
-    SR's RTP timestamp and of the report block's jitter (RFC 3550 §6.4.1). ``now`` is the leg's
-    media clock (seconds, virtual in tests) and ``rng`` the source of the interval
+    the SDP had no ``a=mid``. The SR's RTP timestamp and the report block's jitter are in RTP
+    clock units, as ``sender`` and ``receiver`` keep them (RFC 3550 §6.4.1). ``now`` is the
+    leg's media clock (seconds, virtual in tests) and ``rng`` the source of the interval
     randomization (a seeded ``random.Random`` in tests).
 
     Counters: ``reports_sent`` (compounds built, the closing one included),
@@ -120,7 +120,6 @@ class RtcpReports:
         "_remote_ssrc",
         "_rng",
         "_ssrc",
-        "clock_rate_hz",
         "invalid",
         "packets_received",
         "reports_sent",
@@ -132,13 +131,9 @@ class RtcpReports:
         ssrc: int,
         cname: str,
         mid: str | None,
-        clock_rate_hz: int,
         now: float,
         rng: random.Random | None = None,
     ) -> None:
-        if clock_rate_hz <= 0:
-            raise ValueError("the RTP clock rate must be positive")
-        self.clock_rate_hz = clock_rate_hz
         self._ssrc = ssrc & _U32
         items = [(SDES_CNAME, _sdes_item("CNAME", cname))]
         if mid is not None:

@@ -105,7 +105,6 @@ class MediaPath:
 
     codec: str  # aiortc's name: "opus", "PCMU", "PCMA"
     payload_type: int
-    clock_rate_hz: int
     ssrc: int
     cname: str
     mid: str | None
@@ -162,7 +161,6 @@ def _path(parameters: RTCRtpParameters, dtls: Any, *, sending: bool, label: str)
     return MediaPath(
         codec=codec.mimeType.split("/")[-1],
         payload_type=codec.payloadType,
-        clock_rate_hz=codec.clockRate,
         ssrc=ssrc,
         cname=cname,
         mid=mid,

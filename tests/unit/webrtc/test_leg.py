@@ -101,7 +101,6 @@ def _path(route: Route, *, sending: bool = True) -> MediaPath:
     path = MediaPath(
         codec="PCMU",
         payload_type=PCMU_PT,
-        clock_rate_hz=8000,
         ssrc=SSRC,
         cname="gw",
         mid="0",

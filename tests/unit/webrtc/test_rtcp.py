@@ -45,7 +45,6 @@ def _reports(*, mid: str | None = "0", now: float = 0.0, seed: int = 1) -> RtcpR
         ssrc=LOCAL_SSRC,
         cname="appbridge-test",
         mid=mid,
-        clock_rate_hz=8000,
         now=now,
         rng=random.Random(seed),
     )
@@ -118,9 +117,9 @@ def test_sdes_without_mid_has_only_the_cname() -> None:
 
 def test_sdes_items_longer_than_255_bytes_are_refused() -> None:
     with pytest.raises(ValueError):
-        RtcpReports(ssrc=1, cname="x" * 256, mid=None, clock_rate_hz=8000, now=0.0)
+        RtcpReports(ssrc=1, cname="x" * 256, mid=None, now=0.0)
     with pytest.raises(ValueError):
-        RtcpReports(ssrc=1, cname="c", mid="m" * 256, clock_rate_hz=8000, now=0.0)
+        RtcpReports(ssrc=1, cname="c", mid="m" * 256, now=0.0)
 
 
 def test_sr_when_rtp_was_sent_since_the_previous_report() -> None:
