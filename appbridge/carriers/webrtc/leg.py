@@ -36,7 +36,7 @@ from typing import Final
 
 from appbridge.calls.carrier_leg import CarrierEvents, CarrierLeg, TransferError
 from appbridge.carriers.sip.jitter import JitterBuffer, JitterFrame
-from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender
+from appbridge.carriers.sip.rtp import RtpReceiver, RtpSender, is_rtcp
 from appbridge.carriers.webrtc.frames import (
     FRAME_MS,
     InboundAudio,
@@ -217,7 +217,7 @@ class WebRtcLeg:
         plain = media.srtp.unprotect(data, now)
         if plain is None:
             return
-        if 192 <= plain[1] <= 223:  # RTCP (RFC 5761 §4)
+        if is_rtcp(plain):
             if self.rtcp is not None:
                 self.rtcp.received(plain, now)
             return
