@@ -274,3 +274,44 @@ async def test_offers_being_worked_on_are_bounded() -> None:
         finally:
             await first.close()
             await second.close()
+
+
+async def _hang(*_args: Any) -> Any:
+    await asyncio.Event().wait()
+
+
+async def test_sdp_work_past_its_deadline_is_503_and_holds_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDP work of one offer has ``SDP_TIMEOUT_S`` (docs/webrtc.md, "Signalling"): an offer
+    that takes longer to apply dials no app; an answer that takes longer ends its call before it
+    is answered, so the app's socket closes before ``session.start``. Neither
+    holds a place of ``max_pending_offers``: a third offer is answered."""
+    from appbridge.carriers.webrtc import signalling
+
+    monkeypatch.setattr(signalling, "SDP_TIMEOUT_S", 0.3)
+    webrtc = {**WEBRTC, "max_pending_offers": 1}
+    async with gateway_env(webrtc=webrtc, numbers=_numbers()) as env:
+        peers = [BrowserPeer(env.base_url, token=API_TOKEN) for _ in range(3)]
+        try:
+            with monkeypatch.context() as patch:
+                patch.setattr(signalling.WebRtcCalls, "_apply_offer", _hang)
+                resp = await peers[0].call(to=NUMBER)
+            assert (resp.status_code, resp.json()["error"]) == (503, "unavailable")
+            assert "too long to apply" in resp.json()["message"]
+            assert env.app.sessions == [] and len(env.gw.registry) == 0
+            with monkeypatch.context() as patch:
+                patch.setattr(signalling.WebRtcCalls, "_answer", _hang)
+                resp = await peers[1].call(to=NUMBER)
+            assert (resp.status_code, resp.json()["error"]) == (503, "unavailable")
+            assert "answer took too long" in resp.json()["message"]
+            session = await env.app.next_session(timeout=5)
+            # The call was never answered, so the app's socket closes before any session.start.
+            await _wait(lambda: session.closed, 5)
+            assert session.messages == []
+            await _wait(lambda: len(env.gw.registry) == 0, 5)
+            assert env.gw.metrics.calls_ended.get("error") == 1
+            assert (await peers[2].call(to=NUMBER)).status_code == 201
+        finally:
+            for peer in peers:
+                await peer.close()
