@@ -32,7 +32,7 @@ from appbridge.carriers.sip.transaction import Timers
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
 from appbridge.testing.fake_app import FakeApp
 from appbridge.testing.fake_twilio_outbound import Callee
-from tests.integration.conftest import SECRET, Env, gateway_env
+from tests.integration.conftest import API_TOKEN, SECRET, Env, gateway_env
 from tests.integration.sdk_sip_support import (
     PARTY,
     PARTY_UAS,
@@ -379,4 +379,36 @@ async def test_a_cold_transfer_bridge_over_sip_leaves_no_cycles(tmp_path: Path) 
             await _wait_ended(lambda: len(env.gw.registry))
             await _wait_ended(lambda: len(sip.inbound.calls) + len(sip.outbound.dials), 60)
             del caller, session, party, end
+    assert cycles == []
+
+
+async def test_ended_browser_calls_leave_no_cycles() -> None:
+    """Browser calls (docs/webrtc.md): the browser hangs up one over the data channel, the app
+    the other. aiortc's own cycles are its own; none may hold a gateway object."""
+    from appbridge.testing.webrtc_browser import BrowserPeer
+
+    numbers = [{"number": "+15551230000", "app": "main"}]
+    async with gateway_env(webrtc={"host_addresses": ["127.0.0.1"]}, numbers=numbers) as env:
+        with cycles_left() as cycles:
+            peers = []
+            for codec, ender in (("opus", "browser"), ("PCMU", "app")):
+                peer = BrowserPeer(env.base_url, token=API_TOKEN, codec=codec, tone_hz=440)
+                assert (await peer.call(to="+15551230000")).status_code == 201
+                session = await env.app.next_session(timeout=5)
+                await session.wait_for("session.start", timeout=5)
+                await peer.wait_channel_open()
+                await session.send({"type": "speak", "id": "s", "text": "Hello browser."})
+                await session.wait_for("output.done", timeout=10)
+                if ender == "browser":
+                    peer.send({"type": "hangup"})
+                else:
+                    await session.send({"type": "hangup", "id": "bye"})
+                await session.wait_for("session.end", timeout=5)
+                await session.wait_closed(timeout=5)
+                peers.append(peer)
+            await _wait_ended(lambda: len(env.gw.registry))
+            for peer in peers:
+                await peer.close()
+            await asyncio.sleep(0.5)  # the gateway's side of each peer connection closes
+            del peers, peer, session
     assert cycles == []

@@ -147,6 +147,14 @@ def take_over(
     transceiver.receiver.receive = receive  # type: ignore[method-assign]
 
 
+def give_back(transceiver: RTCRtpTransceiver) -> None:
+    """The call is over: the transceiver has aiortc's own methods again. The closures of
+    :func:`take_over` hold the leg, and aiortc's objects refer to one another in cycles, which
+    would keep the leg alive until the collector's next deep pass (media/gc_pacer.py)."""
+    transceiver.sender.__dict__.pop("send", None)
+    transceiver.receiver.__dict__.pop("receive", None)
+
+
 def _path(parameters: RTCRtpParameters, dtls: Any, *, sending: bool, label: str) -> MediaPath:
     codec = parameters.codecs[0]
     assert codec.payloadType is not None

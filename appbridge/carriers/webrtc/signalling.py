@@ -55,7 +55,7 @@ from appbridge.carriers.webrtc.messages import (
     parse_message,
 )
 from appbridge.carriers.webrtc.outcome import Answer, WebRtcRefusal
-from appbridge.carriers.webrtc.rtp_path import take_over
+from appbridge.carriers.webrtc.rtp_path import give_back, take_over
 
 if TYPE_CHECKING:
     from appbridge.calls.call import Call
@@ -278,7 +278,7 @@ class WebRtcCalls:
                 await bc.leg.close()
         finally:
             self.calls.pop(call.call_ref, None)
-            bc.leg = bc.call = bc.channel = bc.cleanup = None
+            _let_go(bc)
 
     async def stop(self) -> None:
         """Gateway shutdown: close what is left (calls end through the drain first)."""
@@ -287,3 +287,15 @@ class WebRtcCalls:
                 bc.cleanup.cancel()
             await bc.pc.close()
         self.calls.clear()
+
+
+def _let_go(bc: BrowserCall) -> None:
+    """Unhook the ended call from aiortc's objects. Their handlers and the transceiver's media
+    closures refer back to the call and its leg; left in place they tie both into reference
+    cycles, which the gateway's paced collector must not have to find (media/gc_pacer.py)."""
+    bc.pc.remove_all_listeners()
+    if bc.channel is not None:
+        bc.channel.remove_all_listeners()
+    if bc.transceiver is not None:
+        give_back(bc.transceiver)
+    bc.leg = bc.call = bc.channel = bc.cleanup = bc.transceiver = None
