@@ -238,5 +238,27 @@ def serve(config: Config, config_path: str | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(run_gateway(config, config_path))
-    return uvloop.run(run_gateway(config, config_path))
+        return exit_now_if_speech_runs(asyncio.run(run_gateway(config, config_path)))
+    return exit_now_if_speech_runs(uvloop.run(run_gateway(config, config_path)))
+
+
+#: How long the exit waits for a speech decode or model load that is already running.
+SPEECH_EXIT_GRACE_S = 1.0
+
+
+def exit_now_if_speech_runs(code: int) -> int:
+    """Returns ``code`` once the speech workers are done; when one still runs after
+    :data:`SPEECH_EXIT_GRACE_S`, ends the process at once with ``code``. Its work belongs to
+    calls that have ended, and Python would otherwise join the thread however long it takes
+    (``speech/workers.py``; docs/operations.md, "Signals")."""
+    if "appbridge.speech.workers" not in sys.modules:
+        return code  # no speech worker was ever started
+    from appbridge.speech.workers import finish_all
+
+    if finish_all(SPEECH_EXIT_GRACE_S):
+        return code
+    log.info("exit: not waiting for speech work of ended calls")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -247,6 +248,10 @@ async def test_a_draining_node_keeps_its_call_listed_gets_no_new_one_and_exits_0
         end = await session.wait_for("session.end", timeout=5)
         assert end["reason"] == "caller_hangup"
         assert len(session.audio) > heard + 50  # RTP kept flowing during the drain
-        assert await asyncio.to_thread(a.node.proc.wait, 15) == 0
+        try:
+            rc = await asyncio.to_thread(a.node.proc.wait, 15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("A did not exit after its drain:\n" + a.node.log.read_text()[-4000:])
+        assert rc == 0
         for other in others:
             await until(lambda o=other: _absent_on(o, ref), 10, "A's call gone from the lists")

@@ -44,7 +44,6 @@ import re
 import sys
 import threading
 from collections.abc import AsyncGenerator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from appbridge.speech.base import (
@@ -57,7 +56,7 @@ from appbridge.speech.base import (
     VoiceInfo,
     WordTiming,
 )
-from appbridge.speech.priority import lower_current_thread_priority
+from appbridge.speech.workers import SpeechWorkers
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +352,7 @@ class EspeakEngine:
         self._library_path = library_path
         self._data_path = data_path
         self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: SpeechWorkers | None = None
         self._lib: ctypes.CDLL | None = None
         self._rate_hz = 0
         self._voice: str | None = None
@@ -369,11 +368,7 @@ class EspeakEngine:
     def submit(self, job: _SynthJob) -> None:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    1,
-                    thread_name_prefix="appbridge-espeak",
-                    initializer=lower_current_thread_priority,
-                )
+                self._executor = SpeechWorkers(1, "appbridge-espeak")
             try:
                 self._executor.submit(self._run, job)
             except RuntimeError as exc:  # interpreter shutting down

@@ -53,7 +53,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -70,9 +70,9 @@ from appbridge.speech.base import (
     Transcript,
 )
 from appbridge.speech.catalog import normalize_language_tag, primary_language
-from appbridge.speech.priority import lower_current_thread_priority
 from appbridge.speech.providers.log_mel import HOP, MAX_FRAMES, MODEL_RATE_HZ, log_mel
 from appbridge.speech.providers.whisper_models import WhisperModel, packaged_model
+from appbridge.speech.workers import SpeechWorkers
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
 
@@ -151,11 +151,7 @@ class WhisperEngine:
         self.ack_prompt_below_s = 1.5
         self.ack_prompt_partials = False
         self._ack_ids: tuple[int, ...] = ()
-        self._pool = ThreadPoolExecutor(
-            self.workers,
-            thread_name_prefix="local-stt",
-            initializer=lower_current_thread_priority,
-        )
+        self._pool = SpeechWorkers(self.workers, "local-stt")
         self._lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
