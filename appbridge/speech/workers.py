@@ -51,7 +51,7 @@ class SpeechWorkers(ThreadPoolExecutor):
         future.add_done_callback(self._forget)
         return future
 
-    def _forget(self, future: Future[T]) -> None:
+    def _forget(self, future: Future[Any]) -> None:
         with self._live_lock:
             self._live.discard(future)
 
