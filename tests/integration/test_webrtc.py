@@ -283,10 +283,10 @@ async def _hang(*_args: Any) -> Any:
 async def test_sdp_work_past_its_deadline_is_503_and_holds_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The SDP work of one offer has ``SDP_TIMEOUT_S`` (docs/webrtc.md, "Signalling"): an offer
+    """The SDP work of one offer has ``SDP_TIMEOUT_S`` (docs/webrtc.md, "Limits"): an offer
     that takes longer to apply dials no app; an answer that takes longer ends its call before it
-    is answered, so the app's socket closes before ``session.start``. Neither
-    holds a place of ``max_pending_offers``: a third offer is answered."""
+    is answered, so the app's socket closes before ``session.start``. Neither holds a place of
+    ``max_pending_offers``: a third offer is answered."""
     from appbridge.carriers.webrtc import signalling
 
     monkeypatch.setattr(signalling, "SDP_TIMEOUT_S", 0.3)

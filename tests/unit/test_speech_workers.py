@@ -17,7 +17,8 @@ from appbridge.speech.workers import SpeechWorkers
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _blocking(pool: SpeechWorkers) -> tuple[threading.Event, threading.Event]:
+def _blocking(pool: SpeechWorkers) -> threading.Event:
+    """Starts an item that runs until the returned event is set."""
     started, release = threading.Event(), threading.Event()
 
     def work() -> None:
@@ -26,12 +27,12 @@ def _blocking(pool: SpeechWorkers) -> tuple[threading.Event, threading.Event]:
 
     pool.submit(work)
     assert started.wait(5)
-    return started, release
+    return release
 
 
 def test_finish_cancels_what_waits_and_reports_what_runs() -> None:
     pool = SpeechWorkers(1, "test-speech")
-    _, release = _blocking(pool)
+    release = _blocking(pool)
     queued = pool.submit(lambda: 42)
     assert pool.unfinished == 2
     assert pool.finish(time.monotonic()) is False  # the first one is still running
