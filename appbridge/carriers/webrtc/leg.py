@@ -154,11 +154,10 @@ class WebRtcLeg:
         if self.closed or self.media is None:
             return 0
         if self._tick_open:
-            self.end_tick(self._clock.now())
-            self._tick_open = True
-            return 1
+            self.end_tick(self._clock.now())  # the deferred end now ends this tick
+        else:
+            self._defer(self._end_tick_now)
         self._tick_open = True
-        self._defer(self._end_tick_now)
         return 1
 
     def send_frame(self, frame: bytes) -> None:
