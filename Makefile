@@ -23,10 +23,11 @@ $(TEST_DEPS_STAMP): $(DEPS_STAMP)
 	$(BIN)/python deploy/install-deps.py test
 	touch $@
 
-# setup.py builds the C extensions: appbridge/media/_ratecv.c, and with mypyc the modules listed in
-# appbridge/compiled.py. A change to any of them rebuilds (a compiled module ignores its source).
+# setup.py builds the C extensions: appbridge/media/_ratecv.c and _lowpass.c, and with mypyc the
+# modules listed in appbridge/compiled.py. A change to any of them rebuilds (a compiled module
+# ignores its source).
 COMPILED_SOURCES := $(shell sed -n 's/^    "\(appbridge[a-z_.]*\)",$$/\1/p' appbridge/compiled.py | tr . / | sed 's/$$/.py/')
-BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c appbridge/compiled.py $(COMPILED_SOURCES)
+BUILD_INPUTS := pyproject.toml setup.py appbridge/media/_ratecv.c appbridge/media/_lowpass.c appbridge/compiled.py $(COMPILED_SOURCES)
 
 # The one build, with the dependencies already there (no isolated build environment, no second
 # install); `python -m appbridge.compiled` fails if it left a listed module interpreted unasked.

@@ -2,6 +2,8 @@
 
 * ``appbridge/media/_ratecv.c``: sample-rate conversion (optional: without it the media path
   falls back to audioop.ratecv, same output, slower; appbridge/media/resample.py).
+* ``appbridge/media/_lowpass.c``: the anti-aliasing filter before downsampling (optional too:
+  the fallback is numpy, same output, slower; appbridge/media/antialias.py).
 * The per-frame modules listed in ``appbridge/compiled.py``, compiled by mypyc. Set
   ``APPBRIDGE_COMPILE=0`` to install them as plain Python; without a C compiler, or when the
   runtime dependencies are not installed, they are left interpreted too, with a message.
@@ -39,6 +41,13 @@ RATECV = Extension(
     "appbridge.media._ratecv",
     ["appbridge/media/_ratecv.c"],
     extra_compile_args=["-O2"],
+    optional=True,
+)
+
+LOWPASS = Extension(
+    "appbridge.media._lowpass",
+    ["appbridge/media/_lowpass.c"],
+    extra_compile_args=["-O3"],  # the taps' inner loop is vectorised only from -O3
     optional=True,
 )
 
@@ -173,4 +182,4 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-setup(ext_modules=[RATECV], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[RATECV, LOWPASS], cmdclass={"build_ext": BuildExt})

@@ -40,7 +40,13 @@ def build_inputs() -> list[Path]:
     """What the compiled build depends on: the Makefile's BUILD_INPUTS."""
     listed = runpy.run_path(str(ROOT / "appbridge" / "compiled.py"))
     sources = [listed["source_path"](m, ROOT) for m in listed["COMPILED_MODULES"]]
-    fixed = ["pyproject.toml", "setup.py", "appbridge/media/_ratecv.c", "appbridge/compiled.py"]
+    fixed = [
+        "pyproject.toml",
+        "setup.py",
+        "appbridge/media/_ratecv.c",
+        "appbridge/media/_lowpass.c",
+        "appbridge/compiled.py",
+    ]
     return [ROOT / name for name in fixed] + sources
 
 

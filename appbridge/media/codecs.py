@@ -34,6 +34,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
+from appbridge.media.antialias import LowpassFilter, lowpass_for
 from appbridge.media.resample import RatecvState, ratecv
 
 __all__ = [
@@ -185,7 +186,9 @@ class Converter:
 
     The pipeline is decode to pcm16, resample with `resample.ratecv` (audioop's linear
     interpolation, compiled; its state is kept between calls, so a stream converts the same
-    whatever its chunking), encode.
+    whatever its chunking), encode. Going down in rate, `antialias.lowpass_for`'s filter runs
+    before the interpolation, so that nothing above the new Nyquist frequency folds into the
+    band (its history is kept between calls too).
     A pcm16 source chunk with an odd length has its last byte held back and prefixed to the next
     chunk, so apps may send binary frames of any length. G.722 encodes sample pairs (its QMF
     splits two input samples into one code of each sub-band), so a lone trailing sample is held
@@ -204,6 +207,7 @@ class Converter:
         "_g722_decoder",
         "_g722_encoder",
         "_identity",
+        "_lowpass",
         "_pair_carry",
         "_resample",
         "_src",
@@ -217,6 +221,7 @@ class Converter:
         self._identity = src == dst
         self._src_is_pcm16 = src.codec == _PCM16
         self._resample = src.rate_hz != dst.rate_hz
+        self._lowpass: LowpassFilter | None = lowpass_for(src.rate_hz, dst.rate_hz)
         self._decode = {_PCMU: audioop.ulaw2lin, _PCMA: audioop.alaw2lin}.get(src.codec)
         self._encode = {_PCMU: audioop.lin2ulaw, _PCMA: audioop.lin2alaw}.get(dst.codec)
         self._g722_decoder: Any = None
@@ -256,6 +261,8 @@ class Converter:
         self._carry = b""
         self._pair_carry = b""
         self._state = None
+        if self._lowpass is not None:
+            self._lowpass.reset()
 
     def convert(self, data: bytes) -> bytes:
         """Converts the next chunk of the stream; the identity conversion returns `data` itself."""
@@ -275,6 +282,8 @@ class Converter:
             assert self._decode is not None
             pcm = self._decode(data, 2)
         if self._resample:
+            if self._lowpass is not None:
+                pcm = self._lowpass.filter(pcm)
             pcm, self._state = ratecv(pcm, self._src.rate_hz, self._dst.rate_hz, self._state)
         if self._g722_encoder is not None:
             return self._encode_g722(pcm)

@@ -11,7 +11,9 @@ What each test proves:
   wideband codec can carry: G.711's band ends at 4 kHz), the local STT recognises a sentence
   spoken by the gateway's own eSpeak voice, and baresip hears the app's tone;
 - an outbound call (``POST /v1/calls``) answered by baresip, once per codec: the session opens
-  as ``outbound`` and audio flows both ways.
+  as ``outbound`` and audio flows both ways;
+- over PCMU, a 6 kHz tone from the 16 kHz app does not reach baresip folded to 2 kHz: the
+  gateway filters before it downsamples (appbridge/media/antialias.py).
 """
 
 from __future__ import annotations
@@ -190,3 +192,40 @@ async def test_outbound_call_answered_by_baresip(tmp_path: Path, codec: str, rtp
         assert heard.rate_hz == (16_000 if codec == "G722" else 8000)
         assert_heard_app_tone(heard, 600, callee)
         assert goertzel_power(heard.pcm16, heard.rate_hz, 600) > 0
+
+
+async def test_an_app_tone_above_the_telephone_band_is_not_folded_into_a_pcmu_call(
+    tmp_path: Path,
+) -> None:
+    """Linear interpolation alone would play a 16 kHz app's 6 kHz tone to a G.711 caller as a
+    2 kHz tone at the same level (appbridge/media/antialias.py)."""
+    require_baresip()
+    wav = tmp_path / "callee.wav"
+    Baresip.write_wav(wav, bytes(2 * AUDIO_RATE_HZ), hold_s=20.0)
+    callee = Baresip(tmp_path / "callee", user=CALLEE, codecs=("PCMU",), play=wav)
+    async with (
+        gateway_env(sip=sip_settings(46_800, trunk_port=callee.sip_port)) as env,
+        callee,
+        httpx.AsyncClient(
+            base_url=env.base_url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=10
+        ) as http,
+    ):
+        body = {"app": "main", "to": CALLEE, "from": ROUTED, "carrier": "sip:main"}
+        created = await http.post("/v1/calls", json=body)
+        assert created.status_code == 201, created.text
+        await callee.wait_event("CALL_ESTABLISHED", timeout_s=10)
+        session = await env.app.next_session(timeout=10)
+        await session.wait_for("session.start", timeout=5)
+        await app_tone(session, 6000, 1200)
+        await app_tone(session, 1000, 1200)
+        await asyncio.sleep(2.8)  # both tones play out
+        deleted = await http.delete(f"/v1/calls/{created.json()['callRef']}")
+        assert deleted.status_code in (200, 202, 204), deleted.text
+        await callee.wait_event("CALL_CLOSED", timeout_s=10)
+        heard = await recording(callee)
+        assert heard.rate_hz == 8000
+        windows = tone_windows(heard.pcm16, heard.rate_hz)
+        assert near(windows, 1000) >= 5, f"{windows}\n{callee.log_text()}"
+        folded = goertzel_power(heard.pcm16, 8000, 2000)
+        assert folded < goertzel_power(heard.pcm16, 8000, 1000) * 1e-4, windows  # 40 dB below
+        assert near(windows, 2000) == 0, windows
