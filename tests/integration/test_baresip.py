@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,11 +160,32 @@ async def test_baresip_calls_in_over_g722_tone_wideband_speech_and_back(tmp_path
         assert "G722" in caller.log_text(100_000)
 
 
-@pytest.mark.parametrize(("codec", "rtp_low"), [("PCMU", 44_200), ("G722", 44_400)])
-async def test_outbound_call_answered_by_baresip(tmp_path: Path, codec: str, rtp_low: int) -> None:
+@dataclass(frozen=True)
+class Answered:
+    """An outbound call that baresip answered: the callee, the app's session, its start."""
+
+    callee: Baresip
+    http: httpx.AsyncClient
+    call_ref: str
+    session: FakeSession
+    start: dict[str, Any]
+
+    async def hang_up(self) -> DecodedAudio:
+        """End the call over the REST API; what baresip heard."""
+        deleted = await self.http.delete(f"/v1/calls/{self.call_ref}")
+        assert deleted.status_code in (200, 202, 204), deleted.text
+        await self.callee.wait_event("CALL_CLOSED", timeout_s=10)
+        return await recording(self.callee)
+
+
+@asynccontextmanager
+async def answered_by_baresip(
+    tmp_path: Path, codec: str, rtp_low: int, plays: bytes
+) -> AsyncIterator[Answered]:
+    """``POST /v1/calls`` to a baresip that answers with ``codec`` and plays ``plays``."""
     require_baresip()
     wav = tmp_path / "callee.wav"
-    Baresip.write_wav(wav, tone_pcm16(1000, 1000, AUDIO_RATE_HZ, amplitude=8000), hold_s=20.0)
+    Baresip.write_wav(wav, plays, hold_s=20.0)
     callee = Baresip(tmp_path / "callee", user=CALLEE, codecs=(codec,), play=wav)
     async with (
         gateway_env(sip=sip_settings(rtp_low, trunk_port=callee.sip_port)) as env,
@@ -173,11 +197,18 @@ async def test_outbound_call_answered_by_baresip(tmp_path: Path, codec: str, rtp
         body = {"app": "main", "to": CALLEE, "from": ROUTED, "carrier": "sip:main"}
         created = await http.post("/v1/calls", json=body)
         assert created.status_code == 201, created.text
-        call_ref = created.json()["callRef"]
         await callee.wait_event("CALL_ESTABLISHED", timeout_s=10)
         session = await env.app.next_session(timeout=10)
         start = await session.wait_for("session.start", timeout=5)
-        assert start["direction"] == "outbound" and start["callRef"] == call_ref
+        yield Answered(callee, http, created.json()["callRef"], session, start)
+
+
+@pytest.mark.parametrize(("codec", "rtp_low"), [("PCMU", 44_200), ("G722", 44_400)])
+async def test_outbound_call_answered_by_baresip(tmp_path: Path, codec: str, rtp_low: int) -> None:
+    tone = tone_pcm16(1000, 1000, AUDIO_RATE_HZ, amplitude=8000)
+    async with answered_by_baresip(tmp_path, codec, rtp_low, tone) as call:
+        session, start = call.session, call.start
+        assert start["direction"] == "outbound" and start["callRef"] == call.call_ref
         assert start["to"] == CALLEE
         await app_tone(session, 600, 1200)
         # Caller audio: the callee's 1 kHz tone reaches the app.
@@ -185,12 +216,9 @@ async def test_outbound_call_answered_by_baresip(tmp_path: Path, codec: str, rtp
         windows = tone_windows(session.inbound_audio(), APP_RATE_HZ)
         assert near(windows, 1000) >= 5, windows
         await asyncio.sleep(0.8)  # let the app's 1.2 s tone finish playing out
-        deleted = await http.delete(f"/v1/calls/{call_ref}")
-        assert deleted.status_code in (200, 202, 204), deleted.text
-        await callee.wait_event("CALL_CLOSED", timeout_s=10)
-        heard = await recording(callee)
+        heard = await call.hang_up()
         assert heard.rate_hz == (16_000 if codec == "G722" else 8000)
-        assert_heard_app_tone(heard, 600, callee)
+        assert_heard_app_tone(heard, 600, call.callee)
         assert goertzel_power(heard.pcm16, heard.rate_hz, 600) > 0
 
 
@@ -199,33 +227,14 @@ async def test_an_app_tone_above_the_telephone_band_is_not_folded_into_a_pcmu_ca
 ) -> None:
     """Linear interpolation alone would play a 16 kHz app's 6 kHz tone to a G.711 caller as a
     2 kHz tone at the same level (appbridge/media/antialias.py)."""
-    require_baresip()
-    wav = tmp_path / "callee.wav"
-    Baresip.write_wav(wav, bytes(2 * AUDIO_RATE_HZ), hold_s=20.0)
-    callee = Baresip(tmp_path / "callee", user=CALLEE, codecs=("PCMU",), play=wav)
-    async with (
-        gateway_env(sip=sip_settings(46_800, trunk_port=callee.sip_port)) as env,
-        callee,
-        httpx.AsyncClient(
-            base_url=env.base_url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=10
-        ) as http,
-    ):
-        body = {"app": "main", "to": CALLEE, "from": ROUTED, "carrier": "sip:main"}
-        created = await http.post("/v1/calls", json=body)
-        assert created.status_code == 201, created.text
-        await callee.wait_event("CALL_ESTABLISHED", timeout_s=10)
-        session = await env.app.next_session(timeout=10)
-        await session.wait_for("session.start", timeout=5)
-        await app_tone(session, 6000, 1200)
-        await app_tone(session, 1000, 1200)
+    async with answered_by_baresip(tmp_path, "PCMU", 46_800, bytes(2 * AUDIO_RATE_HZ)) as call:
+        await app_tone(call.session, 6000, 1200)
+        await app_tone(call.session, 1000, 1200)
         await asyncio.sleep(2.8)  # both tones play out
-        deleted = await http.delete(f"/v1/calls/{created.json()['callRef']}")
-        assert deleted.status_code in (200, 202, 204), deleted.text
-        await callee.wait_event("CALL_CLOSED", timeout_s=10)
-        heard = await recording(callee)
+        heard = await call.hang_up()
         assert heard.rate_hz == 8000
         windows = tone_windows(heard.pcm16, heard.rate_hz)
-        assert near(windows, 1000) >= 5, f"{windows}\n{callee.log_text()}"
+        assert near(windows, 1000) >= 5, f"{windows}\n{call.callee.log_text()}"
         folded = goertzel_power(heard.pcm16, 8000, 2000)
         assert folded < goertzel_power(heard.pcm16, 8000, 1000) * 1e-4, windows  # 40 dB below
         assert near(windows, 2000) == 0, windows
