@@ -5,8 +5,10 @@ The leg (``leg.py``) carries the RTP itself, so this module sees payloads only. 
 libopus (PyAV) asked for mono, whatever the browser encoded (RFC 6716 §2, RFC 7587 §3.1.1), then
 from its 48 kHz to 16 kHz with the project's ``media/resample.py`` (FFmpeg's libopus decoder
 always answers at 48 kHz; the project's converter takes about half the CPU of
-``av.AudioResampler`` for the same job, docs/PERFORMANCE.md, "Browser calls (WebRTC)"); G.711
-with audioop at 8 kHz. What comes out is cut into exact 20 ms frames for ``on_carrier_audio``.
+``av.AudioResampler`` for the same job, docs/PERFORMANCE.md, "Browser calls (WebRTC)"), after
+``media/antialias.py``'s low-pass filter: a browser encodes fullband Opus, and what it carries
+above 8 kHz would otherwise fold into the band; G.711 with audioop at 8 kHz. What comes out is
+cut into exact 20 ms frames for ``on_carrier_audio``.
 
 Outbound, :class:`OutboundAudio` encodes each 20 ms frame of the engine: G.711 with audioop, Opus
 with libopus fed the leg's 16 kHz mono directly (RFC 7587 §3.1.1: any input rate, the RTP clock
@@ -22,6 +24,7 @@ from typing import Any, Final
 
 import av
 
+from appbridge.media.antialias import LowpassFilter, lowpass_for
 from appbridge.media.codecs import PCM16_8K, PCM16_16K, AudioFormat
 from appbridge.media.resample import RatecvState, ratecv
 
@@ -68,7 +71,7 @@ def rtp_clock_hz(codec: str) -> int:
 class InboundAudio:
     """RTP payloads of the negotiated codec to 20 ms frames of mono pcm16 (module doc)."""
 
-    __slots__ = ("_decode", "_frame_bytes", "_opus", "_pending", "_rate", "_state")
+    __slots__ = ("_decode", "_frame_bytes", "_lowpass", "_opus", "_pending", "_rate", "_state")
 
     def __init__(self, codec: str, rate_hz: int) -> None:
         name = codec.lower()
@@ -78,6 +81,9 @@ class InboundAudio:
         self._state: RatecvState | None = None
         self._decode = {"pcmu": audioop.ulaw2lin, "pcma": audioop.alaw2lin}.get(name)
         self._opus: Any = _opus_decoder() if name == _OPUS else None
+        self._lowpass: LowpassFilter | None = (
+            lowpass_for(OPUS_DECODED_HZ, rate_hz) if self._opus is not None else None
+        )
 
     def _pcm(self, payload: bytes) -> bytes:
         if self._decode is not None:
@@ -87,6 +93,8 @@ class InboundAudio:
             for frame in self._opus.decode(av.Packet(payload))
         )
         if self._rate != OPUS_DECODED_HZ:
+            if self._lowpass is not None:
+                data = self._lowpass.filter(data)
             data, self._state = ratecv(data, OPUS_DECODED_HZ, self._rate, self._state)
         return data
 

@@ -67,6 +67,20 @@ def test_opus_from_a_browser_becomes_20_ms_of_16_khz_mono() -> None:
     assert abs(dominant_freq(b"".join(out[5:]), 16000) - 440) < 5
 
 
+def test_fullband_opus_above_8_khz_does_not_fold_into_the_16_khz_leg() -> None:
+    """A browser encodes fullband Opus: its 12 kHz would reach the leg as 4 kHz without the
+    low-pass filter before the rate drops (media/antialias.py)."""
+    conv = InboundAudio("opus", 16000)
+    out: list[bytes] = []
+    high = tone_pcm16(12000, 600, 48000, amplitude=12000)
+    for packet in _opus_packets(high + tone_pcm16(1000, 600, 48000, amplitude=12000), 48000):
+        out += conv.decode(packet)
+    heard = np.frombuffer(b"".join(out), dtype="<i2").astype(np.float64)
+    folded, band = heard[3200:9000], heard[13000:18000]  # after libopus's priming
+    assert np.sqrt(np.mean(folded**2)) < np.sqrt(np.mean(band**2)) * 10 ** (-40 / 20)
+    assert abs(dominant_freq(b"".join(out)[26000:36000], 16000) - 1000) < 5
+
+
 def test_g711_payloads_decode_at_8_khz() -> None:
     tone = tone_pcm16(1000, 100, 8000)
     conv = InboundAudio("PCMU", 8000)
