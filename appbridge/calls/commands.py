@@ -39,7 +39,7 @@ from appbridge.calls.effects import (
 )
 from appbridge.calls.transfer import MUSIC_MAX_MS, TransferFlow, begin_transfer, music_queue
 from appbridge.media.codecs import AudioFormat, Converter
-from appbridge.media.fetch import FetchError, fetch_audio
+from appbridge.media.fetch import FetchError, convert_for_call, fetch_audio
 from appbridge.media.output_queue import OutputQueue, QueueFull, WordTiming
 from appbridge.speech.base import SpeechError
 from appbridge.speech.pauses import pause_to_add_ms, tail_bytes, trailing_silence_ms
@@ -210,7 +210,7 @@ class CommandShell:
         except FetchError as exc:
             self.run(core.fetch_failed(e.item_id, f"play {e.url}: {exc}", e.relates_to))
             return
-        pcm = Converter(AudioFormat("pcm16", audio.rate_hz), out_format).convert(audio.pcm16)
+        pcm = await convert_for_call(audio, out_format)
         self.run(core.fetched(e.item_id, pcm, e.relates_to))
 
     def _start_hold(self, e: StartHold) -> None:

@@ -21,12 +21,12 @@ import asyncio
 import ipaddress
 import socket
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from appbridge.media.codecs import ulaw_to_pcm16
+from appbridge.media.codecs import AudioFormat, Converter, ulaw_to_pcm16
 from appbridge.media.wav import DecodedAudio, WavError, parse_wav
 
 
@@ -121,6 +121,24 @@ async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipadd
     except OSError as exc:
         raise FetchError(f"cannot resolve {host}: {exc.strerror or exc}") from None
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+#: Source audio that `convert_for_call` converts at a time, letting the event loop run between.
+SLICE_MS: Final = 50
+
+
+async def convert_for_call(audio: DecodedAudio, out_format: AudioFormat) -> bytes:
+    """A fetched file in the call's format, converted a slice at a time with the event loop
+    running between slices. Going down in rate the low-pass filter costs up to 1001 taps per
+    sample (media/antialias.py): a file at the size limit, converted in one piece, would hold
+    every call's media back for up to a second."""
+    conv = Converter(AudioFormat("pcm16", audio.rate_hz), out_format)
+    pcm, step = audio.pcm16, max(2, audio.rate_hz * SLICE_MS // 1000 * 2)
+    parts = []
+    for at in range(0, len(pcm), step):
+        parts.append(conv.convert(pcm[at : at + step]))
+        await asyncio.sleep(0)
+    return b"".join(parts)
 
 
 async def fetch_audio(client: httpx.AsyncClient, url: str, limits: FetchLimits) -> DecodedAudio:

@@ -28,8 +28,8 @@ from typing import Final
 import httpx
 
 from appbridge.clock import Clock
-from appbridge.media.codecs import AudioFormat, Converter
-from appbridge.media.fetch import FetchLimits, fetch_audio
+from appbridge.media.codecs import AudioFormat
+from appbridge.media.fetch import FetchLimits, convert_for_call, fetch_audio
 
 __all__ = ["MUSIC_CACHE_BYTES", "MUSIC_TTL_S", "MusicStore"]
 
@@ -92,7 +92,7 @@ class MusicStore:
         try:
             self.fetches += 1
             audio = await fetch_audio(http, url, limits)
-            data = Converter(AudioFormat("pcm16", audio.rate_hz), out_format).convert(audio.pcm16)
+            data = await convert_for_call(audio, out_format)
             self._keep(key, data)
             return data
         finally:
