@@ -68,7 +68,7 @@ pytestmark = [
 
 SENTENCE = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen."
 QUESTION = "Hello, this is the bank. How can I help you today?"
-ANSWER = "I want to pay my phone bill today please."
+ANSWER = "I would like to pay my phone bill today."  # WER 0 in every frame alignment
 INTERRUPTION = "Sorry, can I stop you there for a moment?"
 TALK = "I would like to check the balance of my savings account please."
 CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")

@@ -25,7 +25,10 @@ async def synthesise_ulaw(text: str) -> bytes:
 
 
 async def test_a_spoken_sentence_becomes_a_turn(env: Env) -> None:
-    sentence = "I would like to check the balance of my savings account please."
+    # A sentence tiny.en reads at WER 0 in every 20 ms alignment of the frames, band-limited or
+    # not. Some others swing with the alignment: "... check the balance of my savings account
+    # please" reads at 0.17 to 0.58 once the phone line's low-pass filter is applied.
+    sentence = "Do you have any appointments available on Monday morning?"
     call, session, _ = await connect(env, continuous_media=True)
     await session.send({"type": "subscribe", "events": ["turn.estimate", "transcript.partial"]})
     await session.send({"type": "listen.update", "patience": "low"})
@@ -36,8 +39,7 @@ async def test_a_spoken_sentence_becomes_a_turn(env: Env) -> None:
     assert started == {"type": "turn.user_started"}
     assert ended["abandoned"] is False and ended["language"].startswith("en")
     assert 0.0 <= ended["confidence"] <= 1.0 and ended["durationMs"] > 1500
-    # Whisper tiny.en on synthetic telephone speech: typically 0.2-0.25 (docs/turn-taking.md);
-    # the bar leaves room for a loaded machine, where segmentation can differ.
+    # The bar leaves room for a loaded machine, where segmentation can differ.
     assert wer(sentence, ended["text"]) <= 0.5, ended["text"]
     kinds = [m["type"] for m in session.messages if m["type"].startswith("turn.")]
     assert kinds.index("turn.user_started") < kinds.index("turn.ended")
