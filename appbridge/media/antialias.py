@@ -40,6 +40,7 @@ Q_BITS: Final = 14
 STOPBAND_DB: Final = 50.0
 PASS_EDGE: Final = 0.425  # of the new rate: 3.4 kHz at 8 kHz
 STOP_EDGE: Final = 0.575  # 4.6 kHz at 8 kHz: what lies above folds to below 3.4 kHz no more
+MOST_TAPS: Final = 1001  # a design stops growing here (384 kHz to 8 kHz); _lowpass.c takes 1024
 
 
 class LowpassFilter(Protocol):
@@ -106,10 +107,11 @@ def design_taps(src_hz: int, dst_hz: int) -> bytes:
     if not 0 < 2 * STOP_EDGE * dst_hz < src_hz:
         raise ValueError("no low-pass filter is needed for this ratio (lowpass_for)")
     width = 2 * math.pi * (STOP_EDGE - PASS_EDGE) * dst_hz / src_hz  # radians per sample
-    count = math.ceil((STOPBAND_DB - 8) / (2.285 * width)) | 1  # odd: a whole-sample delay
+    first = math.ceil((STOPBAND_DB - 8) / (2.285 * width)) | 1  # odd: a whole-sample delay
+    count = min(first, MOST_TAPS)
     while True:
         taps = _kaiser_lowpass(count, 0.5 * dst_hz / src_hz)
-        if _stopband_db(taps, STOP_EDGE * dst_hz / src_hz) >= STOPBAND_DB or count > 1000:
+        if _stopband_db(taps, STOP_EDGE * dst_hz / src_hz) >= STOPBAND_DB or count >= MOST_TAPS:
             designed: bytes = taps.astype(np.int16).tobytes()  # native order, as the C reads
             return designed
         count += 2
