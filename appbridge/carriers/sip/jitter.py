@@ -13,12 +13,17 @@ handed out once it is due (half a frame of tolerance absorbs tick jitter).
 last `window_packets` arrivals (`SlidingRange`: its smallest and largest are kept as packets come,
 so no read scans the window). The playout offset ``t0 - ts0 / rate`` minus the smallest transit
 is the delay the fastest packets see (`current_delay_ms`); the largest minus the smallest transit
-is the delay the stream needs so that its slowest packets are still on time. The target is
-``max(spread, jitter_factor * J)``, clamped to ``[min_delay_ms, max_delay_ms]``, where J is the
-interarrival jitter of RFC 3550 section 6.4.1. The delay adapts **up** at once when a packet
+(the spread) is the delay the stream needs so that its slowest packets are still on time. A gap
+is concealed half a frame before its slot, so the target is ``max(spread + half a frame,
+jitter_factor * J)``, clamped to ``[min_delay_ms, max_delay_ms]``, where J is the interarrival
+jitter of RFC 3550 section 6.4.1. The delay adapts **up** at once when a packet
 misses its slot (the offset grows by whole frames, which makes pop return nothing for those
 ticks, never fake audio) and **down** by one frame per `adapt_interval_frames` when the delay
 exceeds the target by more than a frame (frames are then handed out early; none is dropped).
+When playback starts again after a pause and its first packet came more than the largest delay
+later than the window's fastest, the path's delay has stepped up (a sender that lost time, a new
+route): the window then restarts from the packets buffered now (`rebased`), since anchoring on
+the old floor would put every coming frame in the past.
 
 *Gaps.* When the next frame is due and its packet has not come, the packet is at least the
 target delay late relative to its successors: pop returns a concealment frame (a repeat of the
@@ -185,6 +190,7 @@ class JitterStats:
     underruns: int = 0
     grown_frames: int = 0
     shrunk_frames: int = 0
+    rebased: int = 0  # restarts whose delay floor was renewed (a step up in the path's delay)
 
 
 class JitterBuffer:
@@ -380,7 +386,7 @@ class JitterBuffer:
     def _compute_target(self) -> float:
         window = self._window
         spread = window.largest - window.smallest if len(window) else 0.0
-        want = max(spread, self._factor * self._jitter.jitter_s)
+        want = max(spread + self._tol_s, self._factor * self._jitter.jitter_s)
         return min(self._max_s, max(self._min_s, want))
 
     def _grow(self, lateness_s: float) -> None:
@@ -484,7 +490,10 @@ class JitterBuffer:
         if not force and now + 1e-9 < self._fill_start + self._target_s:
             return False
         first = min(self._buf)
-        packet = self._buf[first][0]
+        packet, arrived = self._buf[first]
+        if self._transit(packet, arrived) - self._window.smallest > self._max_s + self._tol_s:
+            self._rebase_window()
+            self._target_s = self._compute_target()
         self._next = first
         self._next_ts = packet.timestamp
         # Anchor so that the fastest recent packets wait the target delay; a first packet that
@@ -498,6 +507,19 @@ class JitterBuffer:
         self._playing = True
         self._since_adapt = 0
         return True
+
+    def _transit(self, packet: RtpPacket, arrived: float) -> float:
+        return arrived - self._ts_ext_peek(packet.timestamp) / self._rate_hz
+
+    def _rebase_window(self) -> None:
+        """The transits seen before a step up in delay are no floor any more (module doc,
+        *Delay*): anchored on them, each coming packet would be followed by a burst of
+        concealment, so the window restarts from the packets buffered now."""
+        self._window.clear()
+        for ext in sorted(self._buf):
+            packet, arrived = self._buf[ext]
+            self._window.push(self._transit(packet, arrived))
+        self.stats.rebased += 1
 
     def _conceal(self, nxt: int) -> JitterFrame | None:
         if not self._buf:

@@ -4,6 +4,7 @@ media clock calls `pop` (draining what is due on each tick)."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Iterable
 
@@ -51,10 +52,12 @@ def simulate(
     until_s: float | None = None,
     from_s: float = T0,
     tick_phase_s: float = 0.013,
+    ready: bool = False,
 ) -> list[tuple[float, JitterFrame]]:
-    """Runs the link and the media clock; `delay_s(i)` None drops packet i. The concealment
-    frames after the last real one (the buffer cannot tell the end of a stream from loss until
-    it has waited) are left out of the result."""
+    """Runs the link and the media clock; `delay_s(i)` None drops packet i. With `ready`,
+    packets in sequence are handed out on arrival (`pop_ready`), as the call leg does. The
+    concealment frames after the last real one (the buffer cannot tell the end of a stream from
+    loss until it has waited) are left out of the result."""
     events: list[tuple[float, int, RtpPacket | None]] = []
     last = T0
     for i, (t, p) in enumerate(sends):
@@ -73,7 +76,9 @@ def simulate(
     for t, _kind, p in events:
         clock.advance(max(0.0, t - clock.now()))
         if p is not None:
-            jb.push(p, clock.now())
+            if jb.push(p, clock.now()) and ready:
+                while (frame := jb.pop_ready(clock.now())) is not None:
+                    out.append((clock.now(), frame))
             continue
         while (frame := jb.pop(clock.now())) is not None:
             out.append((clock.now(), frame))
@@ -269,6 +274,47 @@ def test_timestamp_discontinuity_resyncs() -> None:
     frames = simulate(jb, first + later)
     assert jb.stats.resyncs == 1 and jb.stats.flushed == 1
     assert [f.timestamp for f in real(frames)][9:] == [10**9 + i * 160 for i in range(10)]
+
+
+@pytest.mark.parametrize("step_s", [0.25, 0.3, 0.45, 1.0])
+@pytest.mark.parametrize("ready", [False, True])
+def test_a_step_up_in_delay_beyond_the_largest_costs_one_gap(step_s: float, ready: bool) -> None:
+    """The path's delay steps up by more than `max_delay_ms` and stays there (a sender whose
+    clock fell behind and resynchronised, a new route). The stream pauses for the step, then plays
+    every packet once: no packet is late for ever after, and no concealment follows each packet,
+    which had stretched 2 s of speech to 7 s."""
+    jb = JitterBuffer()
+    frames = simulate(
+        jb,
+        stream(300),
+        delay_s=lambda i: 0.005 + (step_s if i >= 100 else 0.0),
+        until_s=T0 + 6.6 + step_s,
+        ready=ready,
+    )
+    assert [f.sequence for f in real(frames)] == list(range(1000, 1300))
+    assert jb.stats.late == 0
+    assert concealed(frames) <= 2 + math.ceil(jb.target_delay_ms / 20)  # the step's own gap
+    assert jb.stats.rebased == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("tick_phase_s", [0.001, 0.005, 0.013, 0.017])
+def test_a_stream_jittering_within_the_buffer_loses_nothing_once_it_has_adapted(
+    seed: int, tick_phase_s: float
+) -> None:
+    """Up to 30 ms of jitter: the delay must keep the slowest packets ahead of the concealment,
+    which runs half a frame before a slot, or the buffer swings between dropping a late packet and
+    shrinking again."""
+    rng = random.Random(seed)
+    jb = JitterBuffer()
+    simulate(
+        jb,
+        stream(600),
+        delay_s=lambda i: rng.uniform(0, 0.030),
+        ready=True,
+        tick_phase_s=tick_phase_s,
+    )
+    assert jb.stats.late <= 1  # at most the second packet, before any jitter was seen
 
 
 def test_thirty_ms_packets_on_a_twenty_ms_tick() -> None:

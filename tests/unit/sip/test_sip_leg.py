@@ -129,6 +129,27 @@ def test_caller_audio_and_dtmf_in() -> None:
     assert events.digits == ["#"]
 
 
+def test_caller_audio_after_a_step_up_in_delay_reaches_the_engine_once_per_packet() -> None:
+    """The caller's packets come 300 ms later from the 100th on, and stay that late (their
+    sender lost time and resynchronised): the engine gets every frame once, in order, with one
+    short gap, not a burst of concealment after each packet (jitter.py, *Delay*)."""
+    leg, clock, _, deferred, events = make_leg()
+    start = clock.now()
+    arrivals = [(start + 0.020 * i + (0.3 if i >= 100 else 0.0), i) for i in range(200)]
+    while arrivals or clock.now() < start + 4.5:
+        while arrivals and arrivals[0][0] <= clock.now():
+            i = arrivals.pop(0)[1]
+            pkt = RtpPacket(0, 100 + i, 5000 + 160 * i, 99, bytes([1 + i % 200]) * 160)
+            leg.datagram_received(pkt.serialize(), PEER, clock.now())
+        tick(leg, clock, deferred, None)
+    heard = [f[0] for f in events.audio if f[0] != 0xFF]  # µ-law 0xff: concealed silence
+    assert heard[:100] == [1 + i % 200 for i in range(100)]
+    # After the step: the repeat that conceals the first missing frame, then every packet, then
+    # the repeat at the end of the stream.
+    assert heard[100:] == [100] + [1 + i % 200 for i in range(100, 200)] + [200]
+    assert leg.jitter.stats.late == 0 and len(events.audio) <= 200 + 300 // 20 + 10
+
+
 def test_port_pool_quarantines_released_ports() -> None:
     pool = RtpPortPool(20001, 20006, quarantine_s=10.0)
     assert [pool.acquire(0.0) for _ in range(3)] == [20002, 20004, 20006]
