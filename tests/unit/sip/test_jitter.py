@@ -282,7 +282,7 @@ def test_a_step_up_in_delay_beyond_the_largest_costs_one_gap(step_s: float, read
     """The path's delay steps up by more than `max_delay_ms` and stays there (a sender whose
     clock fell behind and resynchronised, a new route). The stream pauses for the step, then plays
     every packet once: no packet is late for ever after, and no concealment follows each packet,
-    which had stretched 2 s of speech to 7 s."""
+    which had stretched 2.2 s of speech to 13 to 17 s."""
     jb = JitterBuffer()
     frames = simulate(
         jb,
