@@ -80,6 +80,7 @@ class Ears:
         self._timer_due = 0.0  # the clock time _timer was armed for
         self._loop = asyncio.get_running_loop()
         self._failed_reported = False
+        self._owed = False  # what the detector was last told of the stream's finals_owed
         self.paused = False
         self.closed = False
 
@@ -114,8 +115,10 @@ class Ears:
                     )
                     self.call.send_event(partial)
                 self._emit(self.detector.on_transcript(self.call.gw.clock.now(), transcript))
+                self._tell_owed(stream)
         except SpeechError as exc:
             self._report(exc)
+            self._tell_owed(None)
 
     def _report(self, exc: SpeechError) -> None:
         name = self.provider.name if self.provider is not None else "none"
@@ -146,11 +149,20 @@ class Ears:
         if self.paused or self.closed:
             return
         now = self.call.gw.clock.now()
+        stream = self.stream
         for frame in frames:
-            stream = self.stream
             if stream is not None:
                 stream.feed(frame)
             self._emit(self.detector.on_frame(now, self.vad.is_speech(frame)))
+        self._tell_owed(stream)
+
+    def _tell_owed(self, stream: SttStream | None) -> None:
+        """Pass a change in the stream's owed finals to the detector, which waits for an owed
+        final before it ends a turn (docs/turn-taking.md, "The rules", 5)."""
+        owed = stream is not None and stream.finals_owed > 0
+        if owed is not self._owed:
+            self._owed = owed
+            self._emit(self.detector.on_final_owed(self.call.gw.clock.now(), owed))
 
     # -- the detector's events and timer
     def _emit(self, events: Sequence[TurnEvent]) -> None:

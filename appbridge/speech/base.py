@@ -126,7 +126,15 @@ class SttStream(Protocol):
     failure is raised from it as a :class:`SpeechError` (``provider_unavailable`` or
     ``provider_timeout``), after which the stream yields nothing more. Changing language or hints
     (``listen.update``) means opening a new stream.
+
+    ``finals_owed`` counts the final transcripts of audio already fed that ``results()`` has not
+    yet yielded (an utterance closed and being decoded); a provider that cannot know says 0. The
+    turn detector waits for an owed final rather than end a turn on a preview's text
+    (docs/turn-taking.md, "The rules", 5).
     """
+
+    @property
+    def finals_owed(self) -> int: ...
 
     def feed(self, pcm16: bytes) -> None: ...
 

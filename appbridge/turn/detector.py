@@ -30,7 +30,10 @@ Phases: IDLE, CANDIDATE (speech heard, not yet known to be a turn), TURN (``User
 * TURN, in a pause: ``LikelyEnded(text)`` at the last speech frame + the hold (200 ms, at most half
   the patience wait), then ``Ended`` at the last speech frame + the wait, once a final transcript
   arrived after the last speech frame (the text is complete); without one, ``final_wait_s``
-  (1.5 s) later with what it has. Speech after ``LikelyEnded`` sends ``Resumed``.
+  (1.5 s) later with what it has. While the STT says it owes a final (:meth:`on_final_owed`: one
+  is being decoded), ``Ended`` waits for it, up to ``owed_final_wait_s`` (5 s) after the wait: on
+  a loaded machine the final's text is then sent, not the preview's. Speech after
+  ``LikelyEnded`` sends ``Resumed``.
 * ``LikelyEnded`` needs a recognised word (there is nothing to prepare a reply to before that);
   when the first words arrive after the hold, it is sent at once.
 * TURN with no recognised word at all: no ``LikelyEnded``/``Ended`` by the pause timers; instead
@@ -155,6 +158,7 @@ class TurnTiming:
     confirm_speech_s: float = 0.7
     likely_hold_s: float = 0.2
     final_wait_s: float = 1.5
+    owed_final_wait_s: float = 5.0
     candidate_wait_s: float = 2.0
     abandon_s: float = 10.0
     estimate_interval_s: float = 0.1
@@ -229,6 +233,7 @@ class TurnDetector:
         self._speaking = False
         self._bonus_s = 0.0
         self._last_estimate_at: float | None = None
+        self._final_owed = False  # the STT is decoding a final it has not delivered
         self._clear_turn(now)
 
     def _clear_turn(self, now: float) -> None:
@@ -363,6 +368,14 @@ class TurnDetector:
         events.extend(self._fire_due(now))
         return events
 
+    def on_final_owed(self, now: float, owed: bool) -> list[TurnEvent]:
+        """The STT started (``owed``) or stopped owing a final transcript of audio it was fed.
+        A provider that cannot tell never calls this, and ``Ended`` gives up on a missing final
+        after ``final_wait_s``; an owed one is waited for up to ``owed_final_wait_s``."""
+        now = self._advance(now)
+        self._final_owed = owed
+        return self._fire_due(now)
+
     def next_deadline(self) -> float | None:
         """When :meth:`on_timer` must next be called, or None when nothing is pending."""
         due = self._deadline()
@@ -466,7 +479,9 @@ class TurnDetector:
             likely_at = self._last_speech + self.hold_s()
             if not self._likely_sent and likely_at < end_at - _EPS:
                 best = (likely_at, "likely")
-            if not self._fresh_final and self._transcripts:
+            if self._final_owed:
+                end_at += self._t.owed_final_wait_s
+            elif not self._fresh_final and self._transcripts:
                 end_at += self._t.final_wait_s
             if best is None or (end_at, "end") < best:
                 best = (end_at, "end")

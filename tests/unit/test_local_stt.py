@@ -259,6 +259,46 @@ async def test_partials_dropped_when_pool_is_behind_and_finals_merged() -> None:
     assert len(engine.jobs[4][0]) == 200 * 32
 
 
+async def test_finals_owed_counts_each_final_until_it_is_read() -> None:
+    engine = FakeEngine(workers=1)
+    seg = ScriptedSegmenter()
+    stream = LocalSttStream(engine, asyncio.get_running_loop(), "en-US", 16000, [], seg)
+    seg.next = [utterance(0, False)]
+    stream.feed(b"")
+    assert stream.finals_owed == 0  # a partial is not owed
+    engine.jobs[0][1].set_result(Recognition("I", 0.5))
+    await settle()
+    seg.next = [utterance(i, True) for i in range(6)]
+    stream.feed(b"")
+    assert stream.finals_owed == 5  # one in flight, four waiting: the sixth merged into the fifth
+    for n in range(1, 6):
+        engine.jobs[n][1].set_result(Recognition(f"part {n}", 0.9))
+        await settle()
+    assert stream.finals_owed == 5  # decoded, but not yet read
+    results = stream.results()
+    assert (await anext(results)).text == "I"
+    assert stream.finals_owed == 5
+    for n in range(1, 6):
+        transcript = await anext(results)
+        assert transcript.text == f"part {n}"
+        assert stream.finals_owed == 5 - n  # counted down as each is handed over
+    await stream.aclose()
+
+    stream = LocalSttStream(engine, asyncio.get_running_loop(), "en-US", 16000, [], seg)
+    seg.next = [utterance(0, True)]
+    stream.feed(b"")
+    assert stream.finals_owed == 1
+    engine.jobs[-1][1].set_exception(ProviderUnavailable("the local STT failed to decode"))
+    await settle()
+    assert stream.finals_owed == 0  # a failed stream owes nothing: nothing more will come
+
+    stream = LocalSttStream(engine, asyncio.get_running_loop(), "en-US", 16000, [], seg)
+    seg.next = [utterance(0, True)]
+    stream.feed(b"")
+    await stream.aclose()
+    assert stream.finals_owed == 0
+
+
 async def test_decoder_failure_is_provider_unavailable_and_close_ignores_late_result() -> None:
     engine = FakeEngine()
     seg = ScriptedSegmenter()

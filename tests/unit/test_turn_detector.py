@@ -51,6 +51,14 @@ class Say:
     confidence: float = 0.9
 
 
+@dataclass(frozen=True)
+class Owe:
+    """The STT starts (``owed``) or stops owing a final at ``at`` seconds after T0."""
+
+    at: float
+    owed: bool
+
+
 def speech_map(segments: Sequence[tuple[float, float]], total_s: float) -> list[bool]:
     """One VAD bit per frame k (arriving at T0 + (k+1) * 20 ms): speech within [start, end)."""
     n = round(total_s / FRAME_S)
@@ -64,7 +72,7 @@ def speech_map(segments: Sequence[tuple[float, float]], total_s: float) -> list[
 def run(
     det: TurnDetector,
     segments: Sequence[tuple[float, float]],
-    says: Sequence[Say] = (),
+    says: Sequence[Say | Owe] = (),
     total_s: float = 15.0,
     estimates: bool = False,
 ) -> list[tuple[float, TurnEvent]]:
@@ -94,6 +102,9 @@ def run(
             clock.advance(t - clock.now())
             if say_at is not None and t == say_at:
                 s = pending.pop(0)
+                if isinstance(s, Owe):
+                    record(t, det.on_final_owed(t, s.owed))
+                    continue
                 tr = Transcript(
                     text=s.text,
                     language="en-US",
@@ -166,6 +177,42 @@ def test_ended_waits_for_final_transcript_then_gives_up() -> None:
     assert at(events, Ended) == [pytest.approx(2.5 + 0.3 + 1.5)]
     ended = events[-1][1]
     assert isinstance(ended, Ended) and ended.text == "please"
+
+
+def test_ended_waits_for_a_final_the_stt_owes() -> None:
+    # A loaded machine: the final is owed from 2.75 (the STT's endpoint) and arrives at 5.9,
+    # past the 2.5 + 0.3 + 1.5 at which a missing final would have been given up on.
+    det = TurnDetector(T0, patience="low")
+    says = [Say(1.5, "you can be", partial=True), Owe(2.75, True)]
+    says += [Say(5.9, "do you have any"), Owe(5.9, False)]
+    events = run(det, [(0.5, 2.5)], says)
+    assert at(events, Ended) == [pytest.approx(5.9)]
+    assert events[-1][1] == Ended("do you have any", "en-US", 0.9, 2000, False)
+
+    # Owed and never delivered: the wait for it is bounded, with the text there is.
+    det = TurnDetector(T0, patience="low")
+    events = run(det, [(0.5, 2.5)], [Say(1.5, "please", partial=True), Owe(2.75, True)])
+    assert at(events, Ended) == [pytest.approx(2.5 + 0.3 + 5.0)]
+    ended = events[-1][1]
+    assert isinstance(ended, Ended) and ended.text == "please"
+
+    # No longer owed, and no final came (the stream failed): the usual bound, at once if past.
+    det = TurnDetector(T0, patience="low")
+    says = [Say(1.5, "please", partial=True), Owe(2.75, True), Owe(4.6, False)]
+    events = run(det, [(0.5, 2.5)], says)
+    assert at(events, Ended) == [pytest.approx(4.6)]
+
+
+def test_a_fresh_final_does_not_end_the_turn_while_a_later_one_is_owed() -> None:
+    # Two utterances: the first one's final arrives after the last speech frame, the second
+    # one's is still being decoded; the turn ends with both.
+    det = TurnDetector(T0, patience="low")
+    says = [Owe(1.55, True), Say(1.8, "I want to order", partial=True)]
+    says += [Say(2.7, "I want"), Say(3.9, "to order a pizza"), Owe(3.9, False)]
+    events = run(det, [(0.5, 1.3), (1.5, 2.5)], says)
+    assert at(events, Ended) == [pytest.approx(3.9)]
+    ended = events[-1][1]
+    assert isinstance(ended, Ended) and ended.text == "I want to order a pizza"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -332,6 +332,11 @@ class DeepgramSttStream:
         self._writer = asyncio.create_task(self._write(), name="deepgram-stt-writer")
         self._reader = asyncio.create_task(self._read(), name="deepgram-stt-reader")
 
+    @property
+    def finals_owed(self) -> int:
+        """Deepgram endpoints on its side, so the gateway cannot know a final is coming."""
+        return 0
+
     def feed(self, pcm16: bytes) -> None:
         self.session.feed(pcm16)
         self._wake.set()

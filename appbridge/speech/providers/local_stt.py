@@ -15,6 +15,8 @@ utterances. While an utterance grows, every ``partial_every_ms`` of speech asks 
 transcript of the audio so far; ``endpoint_ms`` of silence closes it and asks for the final one.
 Every utterance gets exactly one final transcript, empty when the model heard no words (the turn
 detector relies on that to tell a cough from a word; docs/turn-taking.md, "The rules").
+``finals_owed`` counts the finals still to come, so that a turn on a loaded machine ends with its
+final's text and not with a preview's.
 
 Decoding runs on :class:`WhisperEngine`'s thread pool, one per process, sized for the machine
 (half the cores, at least one): CTranslate2 releases the GIL, so ``feed`` never blocks the event
@@ -395,11 +397,19 @@ class LocalSttStream:
         self._closed = False
         self._failed = False
         self._queue: asyncio.Queue[Transcript | SpeechError | None] = asyncio.Queue()
+        self._owed = 0  # finals asked for and not yet yielded by results()
         self.stats = SttStats()
 
     @property
     def language(self) -> str:
         return self._language
+
+    @property
+    def finals_owed(self) -> int:
+        """Closed utterances whose final ``results()`` has not yet yielded: waiting, in
+        decoding, or decoded and queued. Counted down as each is yielded, so a consumer that
+        reads this after handling a final never sees it owed and missing at once."""
+        return 0 if self._closed or self._failed else self._owed
 
     def feed(self, pcm16: bytes) -> None:
         """Caller audio at the stream's rate; returns at once (decoding is on the pool)."""
@@ -422,6 +432,8 @@ class LocalSttStream:
                 return
             if isinstance(item, SpeechError):
                 raise item
+            if item.is_final:
+                self._owed -= 1
             yield item
 
     async def aclose(self) -> None:
@@ -443,6 +455,8 @@ class LocalSttStream:
                     last.index, last.pcm16 + utterance.pcm16, last.start_ms, utterance.end_ms, True
                 )
                 self.stats.finals_coalesced += 1
+            else:
+                self._owed += 1
             self._finals.append(utterance)
             return
         if self._engine.backlog >= 2 * self._engine.workers:
