@@ -26,7 +26,8 @@ Phases: IDLE, CANDIDATE (speech heard, not yet known to be a turn), TURN (``User
 * CANDIDATE --> IDLE with ``Backchannel(text)`` when the caller is silent and a final transcript
   arrived since the last speech frame, and everything transcribed is acknowledgment phrases.
   Silently, when it is empty (a cough), or when ``candidate_wait_s`` (2 s) of silence pass with no
-  decision.
+  decision; ``owed_final_wait_s`` (5 s) more while the STT owes a final, so that a short answer
+  ("No.") decoded late on a loaded machine is still a turn.
 * TURN, in a pause: ``LikelyEnded(text)`` at the last speech frame + the hold (200 ms, at most half
   the patience wait), then ``Ended`` at the last speech frame + the wait, once a final transcript
   arrived after the last speech frame (the text is complete); without one, ``final_wait_s``
@@ -469,7 +470,10 @@ class TurnDetector:
         if phase is Phase.CANDIDATE:
             if self._speaking:
                 return None
-            return (self._last_speech + self._t.candidate_wait_s, "candidate")
+            drop_at = self._last_speech + self._t.candidate_wait_s
+            if self._final_owed:
+                drop_at += self._t.owed_final_wait_s
+            return (drop_at, "candidate")
         words = self._words_seen or not self._transcripts
         best: tuple[float, str] | None = None
         if not words:

@@ -317,6 +317,24 @@ def test_short_answer_that_is_not_a_backchannel_is_a_turn() -> None:
     assert at(events, Ended) == [pytest.approx(0.9 + 0.56)]
 
 
+def test_a_short_answer_decoded_late_is_still_a_turn_while_its_final_is_owed() -> None:
+    # A loaded machine: the final of "No." is owed from 1.15 and arrives 3.1 s after the speech,
+    # past the 2 s after which a candidate with no decision is dropped.
+    det = TurnDetector(T0, patience="normal")
+    says = [Owe(1.15, True), Say(4.0, "No."), Owe(4.0, False)]
+    events = run(det, [(0.5, 0.9)], says)
+    assert kinds(events) == ["UserStarted", "LikelyEnded", "Ended"]
+    assert at(events, UserStarted) == [pytest.approx(4.0)]
+    assert events[-1] == (pytest.approx(4.0), Ended("No.", "en-US", 0.9, 400, False))
+
+    # Owed and never delivered: dropped silently, 5 s later than without the debt.
+    det = TurnDetector(T0, patience="normal")
+    assert run(det, [(0.5, 0.9)], [Owe(1.15, True)], total_s=7.8) == []
+    assert det.phase is Phase.CANDIDATE
+    assert run(det, [], total_s=0.2) == []
+    assert det.phase is Phase.IDLE
+
+
 def test_partial_with_a_real_word_starts_the_turn_early() -> None:
     det = TurnDetector(T0)
     events = run(det, [(0.5, 2.0)], [Say(0.8, "cancel", partial=True), Say(2.1, "cancel it")])
