@@ -80,7 +80,6 @@ class Ears:
         self._timer_due = 0.0  # the clock time _timer was armed for
         self._loop = asyncio.get_running_loop()
         self._failed_reported = False
-        self._owed = False  # what the detector was last told of the stream's finals_owed
         self.paused = False
         self.closed = False
 
@@ -160,8 +159,7 @@ class Ears:
         """Pass a change in the stream's owed finals to the detector, which waits for an owed
         final before it ends a turn (docs/turn-taking.md, "The rules", 5)."""
         owed = stream is not None and stream.finals_owed > 0
-        if owed is not self._owed:
-            self._owed = owed
+        if owed is not self.detector.final_owed:
             self._emit(self.detector.on_final_owed(self.call.gw.clock.now(), owed))
 
     # -- the detector's events and timer

@@ -284,6 +284,11 @@ class TurnDetector:
         return self._speaking
 
     @property
+    def final_owed(self) -> bool:
+        """What :meth:`on_final_owed` last said."""
+        return self._final_owed
+
+    @property
     def bonus_s(self) -> float:
         """The adaptation added to the patience wait for this caller."""
         return self._bonus_s
