@@ -23,3 +23,5 @@ class Metrics:
     # relayed to the node holding their call.
     cluster_redis_errors: int = 0
     cluster_forwarded: int = 0
+    # Turn events sent to apps, by outcome (appbridge/calls/listening.py, TURN_OUTCOMES).
+    turns: dict[str, int] = field(default_factory=dict)

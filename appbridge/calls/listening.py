@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EARS_RATE_HZ: Final = 16000
+#: ``appbridge_turns_total{outcome}`` (docs/operations.md, "Metrics"): turns started, ended with
+#: their final, ended without it (the text may be a preview's), abandoned, and backchannels.
+TURN_OUTCOMES: Final = ("started", "ended", "ended_without_final", "abandoned", "backchannel")
 
 
 class Ears:
@@ -170,7 +173,22 @@ class Ears:
                 message = _to_message(ev, subscribed)
                 if message is not None:
                     self.call.send_event(message)
+                    self._count(ev)
         self._arm()
+
+    def _count(self, ev: TurnEvent) -> None:
+        if isinstance(ev, UserStarted):
+            outcome = "started"
+        elif isinstance(ev, Ended):
+            outcome = "abandoned" if ev.abandoned else "ended"
+            if ev.without_final and not ev.abandoned:
+                outcome = "ended_without_final"
+        elif isinstance(ev, Backchannel):
+            outcome = "backchannel"
+        else:
+            return
+        turns = self.call.gw.metrics.turns
+        turns[outcome] = turns.get(outcome, 0) + 1
 
     def _arm(self) -> None:
         """One timer for the detector's next deadline. Called after every frame, so a timer that

@@ -20,7 +20,9 @@ from prometheus_client.core import (
     Metric,
 )
 
+from appbridge.calls.listening import TURN_OUTCOMES
 from appbridge.carriers.sip.srtp import DROPS
+from appbridge.speech.providers.local_stt import LocalSttProvider
 
 if TYPE_CHECKING:
     from appbridge.gateway import Gateway
@@ -39,6 +41,21 @@ def node_id(gw: Gateway) -> str | None:
     cluster = getattr(gw.config, "cluster", None)
     node = getattr(cluster, "node_id", None) if cluster is not None else None
     return str(node) if node else None
+
+
+_DECODE_FAMILIES = (
+    ("appbridge_stt_decodes_total", "Local STT decodes run, by kind.", "decodes"),
+    (
+        "appbridge_stt_decoded_audio_seconds_total",
+        "Seconds of caller audio the local STT decoded, by kind.",
+        "audio_s",
+    ),
+    (
+        "appbridge_stt_decode_seconds_total",
+        "Wall time the local STT's decodes took, by kind.",
+        "busy_s",
+    ),
+)
 
 
 def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
@@ -67,6 +84,68 @@ class GatewayCollector:
         yield from self._node()
         yield from self._registrations()
         yield self._srtp_dropped()
+        yield from self._turns()
+        yield from self._local_stt()
+
+    def _turns(self) -> Iterator[Metric]:
+        """Turn outcomes, and the finals the live calls' recognisers still owe
+        (docs/turn-taking.md, "The rules", 5)."""
+        gw = self.gw
+        family = CounterMetricFamily(
+            "appbridge_turns_total", "Turn events sent to apps, by outcome.", labels=("outcome",)
+        )
+        for outcome in TURN_OUTCOMES:
+            family.add_metric((outcome,), gw.metrics.turns.get(outcome, 0))
+        yield family
+        owed = 0
+        for call in gw.registry:
+            ears = getattr(call, "ears", None)
+            stream = None if ears is None else ears.stream
+            if stream is not None:
+                owed += stream.finals_owed
+        yield _gauge(
+            "appbridge_stt_finals_owed",
+            "Finals of closed utterances the live calls' recognisers have not delivered yet.",
+            owed,
+        )
+
+    def _local_stt(self) -> Iterator[Metric]:
+        """The offline recogniser (docs/speech.md): its streams' counters, and its engine's,
+        which is one per process."""
+        local = self.gw.stt_providers.get("local")
+        if not isinstance(local, LocalSttProvider):
+            return
+        stats = local.stats
+        yield _counter(
+            "appbridge_stt_partials_dropped_total",
+            "Partial transcripts not decoded because the decoders were busy.",
+            stats.partials_dropped,
+        )
+        yield _counter(
+            "appbridge_stt_finals_coalesced_total",
+            "Finals merged into the one before because four were waiting.",
+            stats.finals_coalesced,
+        )
+        yield from stats.final_delay.collect()
+        engine = local.started_engine
+        kinds = ("final", "partial")
+        by_kind = {k: engine.decode_stats[k] for k in kinds} if engine is not None else {}
+        for name, help_text, attr in _DECODE_FAMILIES:
+            family = CounterMetricFamily(name, help_text, labels=("kind",))
+            for kind in kinds:
+                decoded = by_kind.get(kind)
+                family.add_metric((kind,), 0 if decoded is None else getattr(decoded, attr))
+            yield family
+        yield _gauge(
+            "appbridge_stt_decode_backlog",
+            "Decodes waiting for a worker thread.",
+            0 if engine is None else engine.backlog,
+        )
+        yield _gauge(
+            "appbridge_stt_decode_workers",
+            "Worker threads of the local recogniser (0 before it starts).",
+            0 if engine is None else engine.workers,
+        )
 
     def _registrations(self) -> Iterator[Metric]:
         """Registering trunks per state (docs/sip.md, "Registering with a trunk")."""

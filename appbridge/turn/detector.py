@@ -111,13 +111,16 @@ class Resumed:
 @dataclass(frozen=True, slots=True)
 class Ended:
     """``turn.ended``. ``duration_ms`` runs from the turn's first speech frame to the end of its
-    last one; ``confidence`` is the mean of its final transcripts' confidences."""
+    last one; ``confidence`` is the mean of its final transcripts' confidences. ``without_final``
+    (not sent to the app; counted on ``/metrics``): the STT was on but no final arrived after the
+    last speech frame in time, so the text may be a preview's."""
 
     text: str
     language: str
     confidence: float
     duration_ms: int
     abandoned: bool
+    without_final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,7 +534,8 @@ class TurnDetector:
             else:
                 confidence, language = 0.0, self._language
             confidence = min(1.0, max(0.0, confidence))
-            event = Ended(self._text(), language, confidence, duration_ms, False)
+            missing = self._transcripts and (self._final_owed or not self._fresh_final)
+            event = Ended(self._text(), language, confidence, duration_ms, False, missing)
             if not self._resumed_in_turn:
                 self._bonus_s = max(0.0, self._bonus_s - self._t.bonus_decay_s)
         self._phase = Phase.IDLE

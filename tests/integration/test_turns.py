@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+
 from appbridge.media.codecs import PCMU_8K, AudioFormat, Converter
 from appbridge.speech.catalog import default_catalog
 from appbridge.testing.audio import tone_pcm16, ulaw_encode
 from appbridge.testing.wer import word_error_rate as wer
+from bench.report import parse_metric
 from tests.integration.conftest import Env
 from tests.integration.test_session_protocol import connect
 
@@ -82,3 +85,32 @@ async def test_no_turn_events_on_hold(env: Env) -> None:
     await session.send({"type": "resume"})
     await call.send_audio_ulaw(await synthesise_ulaw("Hello, are you still there?"))
     await session.wait_for("turn.ended", timeout=20)
+
+
+async def test_metrics_count_the_turns_and_time_the_recogniser(env: Env) -> None:
+    # docs/operations.md, "Metrics": an operator sees the turns and whether the local STT keeps up.
+    async def scrape() -> str:
+        async with httpx.AsyncClient(base_url=env.base_url) as client:
+            return (await client.get("/metrics")).text
+
+    before = await scrape()
+    call, session, _ = await connect(env, continuous_media=True)
+    await session.send({"type": "listen.update", "patience": "low"})
+    await asyncio.sleep(0.3)
+    await call.send_audio_ulaw(await synthesise_ulaw("Okay."))
+    await session.wait_for("turn.backchannel", timeout=15)
+    await call.send_audio_ulaw(await synthesise_ulaw("Do you have any appointments on Monday?"))
+    await session.wait_for("turn.ended", timeout=20)
+    after = await scrape()
+
+    def grew(name: str, labels: dict[str, str] | None = None) -> float:
+        return parse_metric(after, name, labels) - parse_metric(before, name, labels)
+
+    assert grew("appbridge_turns_total", {"outcome": "backchannel"}) == 1
+    assert grew("appbridge_turns_total", {"outcome": "started"}) == 1
+    ended = grew("appbridge_turns_total", {"outcome": "ended"})
+    assert ended + grew("appbridge_turns_total", {"outcome": "ended_without_final"}) == 1
+    assert grew("appbridge_stt_final_delay_seconds_count") >= 2  # one final per utterance
+    assert grew("appbridge_stt_decodes_total", {"kind": "final"}) >= 2
+    assert grew("appbridge_stt_decoded_audio_seconds_total", {"kind": "final"}) > 2.0
+    assert parse_metric(after, "appbridge_stt_decode_workers") >= 1

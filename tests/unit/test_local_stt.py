@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from appbridge.speech.providers.local_stt import (
     shared_whisper_engine,
 )
 from appbridge.speech.providers.log_mel import _hz_to_mel, log_mel
+from appbridge.speech.stt_stats import SttStats
 from appbridge.testing.spoken import espeak
 from appbridge.testing.wer import word_error_rate
 from appbridge.turn.backchannel import is_backchannel
@@ -297,6 +299,77 @@ async def test_finals_owed_counts_each_final_until_it_is_read() -> None:
     stream.feed(b"")
     await stream.aclose()
     assert stream.finals_owed == 0
+
+
+class SteppedLoop:
+    """The running loop with a clock the test sets: the delays below are in virtual time."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.now = 100.0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_soon_threadsafe(self, *args: Any) -> Any:
+        return self.loop.call_soon_threadsafe(*args)
+
+
+def delay_samples(stats: SttStats) -> dict[str, float]:
+    """The final-delay histogram as ``{"count": n, "sum": s, "le=1.0": cumulative, ...}``."""
+    out: dict[str, float] = {}
+    for family in stats.final_delay.collect():
+        for sample in family.samples:
+            suffix = sample.name.rsplit("_", 1)[-1]
+            key = f"le={sample.labels['le']}" if suffix == "bucket" else suffix
+            out[key] = sample.value
+    return out
+
+
+async def test_each_final_is_timed_from_its_close_to_its_delivery() -> None:
+    engine, seg, stats, clock = FakeEngine(), ScriptedSegmenter(), SttStats(), SteppedLoop()
+    stream = LocalSttStream(engine, cast(Any, clock), "en-US", 16000, [], seg, stats=stats)
+    seg.next = [utterance(0, True)]
+    stream.feed(b"")  # closed at 100.0
+    clock.now = 100.3
+    seg.next = [utterance(1, False), utterance(1, True)]
+    stream.feed(b"")  # closed at 100.3; its partial is superseded and never timed
+    clock.now = 101.0
+    engine.jobs[0][1].set_result(Recognition("one", 0.9))
+    await settle()
+    engine.jobs[1][1].set_result(Recognition("two", 0.9))
+    await settle()
+    assert delay_samples(stats)["count"] == 0  # decoded, not yet delivered
+    results = stream.results()
+    assert (await anext(results)).text == "one"  # delivered at 101.0: 1.0 s
+    clock.now = 103.0
+    assert (await anext(results)).text == "two"  # 2.7 s
+    got = delay_samples(stats)
+    assert got["count"] == 2 and got["sum"] == pytest.approx(3.7)
+    assert (got["le=0.5"], got["le=1.0"], got["le=2.5"], got["le=5.0"]) == (0, 1, 1, 2)
+    await stream.aclose()
+
+    # Finals merged behind a busy decoder are one final, timed from the first one's close; a
+    # closed stream's owed finals are never timed. Streams of one provider share the counters.
+    stream = LocalSttStream(engine, cast(Any, clock), "en-US", 16000, [], seg, stats=stats)
+    seg.next = [utterance(i, True) for i in range(5)]
+    stream.feed(b"")  # one in flight and four waiting, closed at 103.0
+    clock.now = 103.5
+    seg.next = [utterance(5, True)]
+    stream.feed(b"")  # merged into the fifth
+    clock.now = 104.0
+    for n in range(2, 7):
+        engine.jobs[n][1].set_result(Recognition("merged", 0.9))
+        await settle()
+    results = stream.results()
+    for _ in range(5):
+        await anext(results)
+    assert delay_samples(stats)["count"] == 7 and stats.finals_coalesced == 1
+    assert delay_samples(stats)["sum"] == pytest.approx(3.7 + 5 * 1.0)
+    seg.next = [utterance(7, True)]
+    stream.feed(b"")
+    await stream.aclose()
+    assert delay_samples(stats)["count"] == 7
 
 
 async def test_decoder_failure_is_provider_unavailable_and_close_ignores_late_result() -> None:

@@ -17,6 +17,7 @@ from appbridge.config import default_config
 from appbridge.gateway import Gateway
 from appbridge.http.app import build_app
 from appbridge.http.metrics import node_id, render_metrics
+from appbridge.speech.providers.local_stt import LocalSttProvider, WhisperEngine
 from bench.report import parse_metric
 
 # Every family of /metrics with its type: dashboards and bench/report.py read them.
@@ -43,6 +44,16 @@ FAMILIES = {
     "appbridge_cluster_redis_errors": "counter",
     "appbridge_cluster_forwarded_requests": "counter",
     "appbridge_srtp_packets_dropped": "counter",
+    "appbridge_turns": "counter",
+    "appbridge_stt_finals_owed": "gauge",
+    "appbridge_stt_partials_dropped": "counter",
+    "appbridge_stt_finals_coalesced": "counter",
+    "appbridge_stt_final_delay_seconds": "histogram",
+    "appbridge_stt_decodes": "counter",
+    "appbridge_stt_decoded_audio_seconds": "counter",
+    "appbridge_stt_decode_seconds": "counter",
+    "appbridge_stt_decode_backlog": "gauge",
+    "appbridge_stt_decode_workers": "gauge",
 }
 
 
@@ -59,11 +70,12 @@ def families(text: str) -> dict[str, Any]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
-def fake_call(ref: str, to_app: int, to_carrier: int) -> types.SimpleNamespace:
+def fake_call(ref: str, to_app: int, to_carrier: int, owed: int = 0) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         call_ref=ref,
         link=types.SimpleNamespace(audio_dropped_frames=to_app),
         leg=types.SimpleNamespace(audio_dropped=to_carrier),
+        ears=types.SimpleNamespace(stream=types.SimpleNamespace(finals_owed=owed)),
     )
 
 
@@ -145,3 +157,41 @@ async def test_srtp_drops_are_the_process_totals(
     text = render_metrics(gw)
     assert parse_metric(text, "appbridge_srtp_packets_dropped_total", {"reason": "auth"}) == 12
     assert parse_metric(text, "appbridge_srtp_packets_dropped_total", {"reason": "replay"}) == 3
+
+
+async def test_turns_and_the_local_stt_are_read_at_scrape_time(gw: Gateway) -> None:
+    gw.metrics.turns.update({"started": 5, "ended": 3, "ended_without_final": 1})
+    for i in range(3):
+        gw.registry._live[f"c{i}"] = fake_call(f"c{i}", 0, 0, owed=i)  # type: ignore[assignment]
+    gw.registry._live["vad-only"] = types.SimpleNamespace(  # type: ignore[assignment]
+        call_ref="vad-only", link=None, leg=None, ears=types.SimpleNamespace(stream=None)
+    )
+    local = gw.stt_providers["local"]
+    assert isinstance(local, LocalSttProvider)
+    local.stats.partials_dropped = 4
+    local.stats.final_delay.observe(0.3)
+    local.stats.final_delay.observe(2.0)
+    text = render_metrics(gw)
+    assert parse_metric(text, "appbridge_turns_total", {"outcome": "started"}) == 5
+    assert parse_metric(text, "appbridge_turns_total", {"outcome": "ended_without_final"}) == 1
+    assert parse_metric(text, "appbridge_turns_total", {"outcome": "backchannel"}) == 0
+    assert parse_metric(text, "appbridge_stt_finals_owed") == 0 + 1 + 2
+    assert parse_metric(text, "appbridge_stt_partials_dropped_total") == 4
+    delay = families(text)["appbridge_stt_final_delay_seconds"]
+    samples = {(s.name, s.labels.get("le")): s.value for s in delay.samples}
+    assert samples[("appbridge_stt_final_delay_seconds_bucket", "0.5")] == 1
+    assert samples[("appbridge_stt_final_delay_seconds_bucket", "2.5")] == 2
+    assert samples[("appbridge_stt_final_delay_seconds_count", None)] == 2
+    # The engine is the process's; each scrape reads what it has decoded so far.
+    engine = WhisperEngine(workers=2)
+    engine.decode_stats["final"].decodes = 6
+    engine.decode_stats["final"].audio_s = 12.5
+    engine.decode_stats["partial"].busy_s = 0.25
+    local._engine = engine
+    text = render_metrics(gw)
+    assert parse_metric(text, "appbridge_stt_decodes_total", {"kind": "final"}) == 6
+    audio = parse_metric(text, "appbridge_stt_decoded_audio_seconds_total", {"kind": "final"})
+    assert audio == 12.5
+    assert parse_metric(text, "appbridge_stt_decode_seconds_total", {"kind": "partial"}) == 0.25
+    assert parse_metric(text, "appbridge_stt_decode_workers") == 2
+    assert parse_metric(text, "appbridge_stt_decode_backlog") == 0

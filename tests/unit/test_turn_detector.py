@@ -176,7 +176,7 @@ def test_ended_waits_for_final_transcript_then_gives_up() -> None:
     events = run(det, [(0.5, 2.5)], [Say(1.5, "please", partial=True)])
     assert at(events, Ended) == [pytest.approx(2.5 + 0.3 + 1.5)]
     ended = events[-1][1]
-    assert isinstance(ended, Ended) and ended.text == "please"
+    assert isinstance(ended, Ended) and ended.text == "please" and ended.without_final
 
 
 def test_ended_waits_for_a_final_the_stt_owes() -> None:
@@ -194,7 +194,7 @@ def test_ended_waits_for_a_final_the_stt_owes() -> None:
     events = run(det, [(0.5, 2.5)], [Say(1.5, "please", partial=True), Owe(2.75, True)])
     assert at(events, Ended) == [pytest.approx(2.5 + 0.3 + 5.0)]
     ended = events[-1][1]
-    assert isinstance(ended, Ended) and ended.text == "please"
+    assert isinstance(ended, Ended) and ended.text == "please" and ended.without_final
 
     # No longer owed, and no final came (the stream failed): the usual bound, at once if past.
     det = TurnDetector(T0, patience="low")
@@ -213,6 +213,14 @@ def test_a_fresh_final_does_not_end_the_turn_while_a_later_one_is_owed() -> None
     assert at(events, Ended) == [pytest.approx(3.9)]
     ended = events[-1][1]
     assert isinstance(ended, Ended) and ended.text == "I want to order a pizza"
+    assert not ended.without_final
+
+    # The later final never comes: the turn ends with the earlier one, and says one was missing.
+    det = TurnDetector(T0, patience="low")
+    says = [Owe(1.55, True), Say(1.8, "I want to order", partial=True), Say(2.7, "I want")]
+    events = run(det, [(0.5, 1.3), (1.5, 2.5)], says)
+    ended = events[-1][1]
+    assert isinstance(ended, Ended) and ended.text == "I want" and ended.without_final
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,3 +642,4 @@ def test_without_transcripts_turns_end_on_the_pause_alone() -> None:
     assert kinds == [UserStarted, LikelyEnded, Ended]
     ended = events[-1]
     assert isinstance(ended, Ended) and ended.abandoned is False and ended.text == ""
+    assert ended.without_final is False  # no STT: no final was expected

@@ -26,7 +26,8 @@ Back-pressure (the media path never waits on a decoder): a stream has at most on
 Finals queue behind it (they are never dropped; when four are waiting, consecutive ones are
 merged into one decode, counted in ``finals_coalesced``); a newer partial replaces a waiting one
 (``partials_coalesced``); a partial is dropped when the pool's queue holds at least twice as many
-decodes as it has workers (``partials_dropped``) or when its utterance is already final.
+decodes as it has workers (``partials_dropped``) or when its utterance is already final. A
+provider's streams share one :class:`SttStats`, which ``/metrics`` reads with the engine's own.
 
 Decoding: log-mel features (Whisper's front end, computed here with numpy). A final runs the
 encoder on a window of at least ``min_window_s`` (10 s) rather than Whisper's fixed 30 s, which is
@@ -74,6 +75,7 @@ from appbridge.speech.base import (
 from appbridge.speech.catalog import normalize_language_tag, primary_language
 from appbridge.speech.providers.log_mel import HOP, MAX_FRAMES, MODEL_RATE_HZ, log_mel
 from appbridge.speech.providers.whisper_models import WhisperModel, packaged_model
+from appbridge.speech.stt_stats import DecodeStats, SttStats
 from appbridge.speech.workers import SpeechWorkers
 from appbridge.turn.backchannel import is_backchannel
 from appbridge.turn.vad import Segmenter, Utterance
@@ -159,11 +161,9 @@ class WhisperEngine:
         self._tokenizer: Any = None
         self._special: dict[str, int] = {}
         self._waiting = 0
-        # Measurements, for the metrics and docs/turn-taking.md. CTranslate2 decodes on its own
+        # Measurements, for /metrics and bench/stt_eval.py. CTranslate2 decodes on its own
         # threads, so busy time is wall time per decode, not this thread's CPU time.
-        self.decodes = 0
-        self.audio_s = 0.0
-        self.busy_s = 0.0
+        self.decode_stats = {"final": DecodeStats(), "partial": DecodeStats()}
 
     @property
     def available(self) -> bool:
@@ -177,6 +177,11 @@ class WhisperEngine:
     @property
     def loaded(self) -> bool:
         return self._model is not None
+
+    @property
+    def audio_s(self) -> float:
+        """Seconds of audio decoded so far, finals and partials."""
+        return sum(stats.audio_s for stats in self.decode_stats.values())
 
     @property
     def backlog(self) -> int:
@@ -282,9 +287,10 @@ class WhisperEngine:
             if is_backchannel(again.text, "en"):
                 recognition = again
         with self._lock:
-            self.decodes += 1
-            self.audio_s += duration_s
-            self.busy_s += time.perf_counter() - started
+            stats = self.decode_stats["final" if final else "partial"]
+            stats.decodes += 1
+            stats.audio_s += duration_s
+            stats.busy_s += time.perf_counter() - started
         return recognition
 
     def _decode(
@@ -344,17 +350,6 @@ def shared_whisper_engine() -> WhisperEngine:
 # Streams and the provider
 
 
-@dataclass(slots=True)
-class SttStats:
-    """Counters of one stream's back-pressure decisions (module docstring)."""
-
-    finals: int = 0
-    partials: int = 0
-    partials_dropped: int = 0
-    partials_coalesced: int = 0
-    finals_coalesced: int = 0
-
-
 _MAX_WAITING_FINALS: Final = 4
 
 
@@ -383,6 +378,8 @@ class LocalSttStream:
         rate_hz: int,
         hint_ids: Sequence[int],
         segmenter: Segmenter,
+        *,
+        stats: SttStats | None = None,
     ) -> None:
         self._engine = engine
         self._loop = loop
@@ -398,7 +395,9 @@ class LocalSttStream:
         self._failed = False
         self._queue: asyncio.Queue[Transcript | SpeechError | None] = asyncio.Queue()
         self._owed = 0  # finals asked for and not yet yielded by results()
-        self.stats = SttStats()
+        self._owed_since: deque[float] = deque()  # when each owed final's utterance closed
+        # The provider's counters, shared by its streams (/metrics reads them).
+        self.stats = SttStats() if stats is None else stats
 
     @property
     def language(self) -> str:
@@ -434,6 +433,9 @@ class LocalSttStream:
                 raise item
             if item.is_final:
                 self._owed -= 1
+                if self._owed_since:
+                    closed_at = self._owed_since.popleft()
+                    self.stats.final_delay.observe(self._loop.time() - closed_at)
             yield item
 
     async def aclose(self) -> None:
@@ -442,6 +444,7 @@ class LocalSttStream:
             return
         self._closed = True
         self._finals.clear()
+        self._owed_since.clear()
         self._partial = None
         self._queue.put_nowait(None)
 
@@ -457,6 +460,7 @@ class LocalSttStream:
                 self.stats.finals_coalesced += 1
             else:
                 self._owed += 1
+                self._owed_since.append(self._loop.time())
             self._finals.append(utterance)
             return
         if self._engine.backlog >= 2 * self._engine.workers:
@@ -541,6 +545,13 @@ class LocalSttProvider:
         # Off by default: on fragments this short the detector would start turns for
         # backchannels (docs/turn-taking.md, "Barge-in").
         self._early_partials_ms = early_partials_ms
+        self.stats = SttStats()
+
+    @property
+    def started_engine(self) -> WhisperEngine | None:
+        """The engine once a stream or ``preload`` has asked for it; None before (``/metrics``
+        reads this, so that a scrape never creates one)."""
+        return self._engine
 
     @property
     def engine(self) -> WhisperEngine:
@@ -585,4 +596,5 @@ class LocalSttProvider:
             partial_every_ms=self._partial_every_ms,
             early_partials_ms=self._early_partials_ms,
         )
-        return LocalSttStream(engine, asyncio.get_running_loop(), tag, rate_hz, hint_ids, segmenter)
+        loop = asyncio.get_running_loop()
+        return LocalSttStream(engine, loop, tag, rate_hz, hint_ids, segmenter, stats=self.stats)
