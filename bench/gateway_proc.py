@@ -122,9 +122,9 @@ class GatewaySpec:
     tls_files: tuple[str, str, str] | None = None
     #: ``--srtp``: a trunk for the callers' address with ``srtp = "required"``.
     srtp: bool = False
-    #: ``speech.stt`` for the Twilio-dialect apps: None leaves ``speech`` out, as
-    #: docs/protocol-twilio.md has it; "none" works around the gateway listening (STT, turns)
-    #: for apps whose dialect cannot carry a transcript (bench/README.md, "The Twilio dialect").
+    #: ``speech.stt`` of the fonoster apps: "none" measures the media path alone; ``--stt
+    #: local`` has the offline recogniser transcribe every caller (bench/stt_load.py).
+    stt: str = "none"
 
     @property
     def base_url(self) -> str:
@@ -159,7 +159,7 @@ api_base = "{spec.rest_base_url}"
     elif spec.dialect == "fonoster":
         body = (
             'protocol = "fonoster"\n'
-            'speech = { voice = "local/en-US", language = "en-US", stt = "none" }\n'
+            f'speech = {{ voice = "local/en-US", language = "en-US", stt = "{spec.stt}" }}\n'
             'audio = { codec = "pcm16", rate = 16000 }\n'
         )
     else:

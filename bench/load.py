@@ -62,6 +62,7 @@ from bench.report import (
 from bench.sip_secure import gateway_fields, prepare, ramp_fields, secure_line
 from bench.slow_http import slow_clients
 from bench.speed import probe_core
+from bench.stt_load import stt_figures, stt_line
 
 ACCOUNT_SID = "AC" + "be" * 16
 LATENESS_METRIC = "appbridge_media_tick_lateness_ms"
@@ -114,7 +115,7 @@ def dialect_line(args: argparse.Namespace) -> str:
         )
     return (
         f"dialect fonoster: SIP share {args.sip_share:g}, fonoster apps (pcm16 16 kHz), "
-        f"speak {args.speak}; {secure_line(args)}"
+        f"speak {args.speak}, STT {args.stt}, callers {args.caller}; {secure_line(args)}"
     )
 
 
@@ -198,6 +199,7 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
         BENCH_ACCOUNT_SID=ACCOUNT_SID,
         BENCH_DIALECT=args.dialect,
         BENCH_SPEAK=args.speak,
+        BENCH_CALLER=args.caller,
         BENCH_CLUSTER_SECRET=secrets.token_hex(16),
     )
     return env
@@ -235,6 +237,7 @@ async def start_gateway(
         rtp_ports=free_rtp_range(calls),
         dialect=args.dialect,
         cluster_redis_url=redis_url,
+        stt=args.stt,
         **gateway_fields(args),
     )
     config_path = out_dir / f"{name}.toml"
@@ -433,6 +436,7 @@ async def _measure(
         "calls_rejected": counter("appbridge_calls_rejected_total"),
         "app_unreachable": counter("appbridge_app_unreachable_total"),
         "gc": paced_collections(metrics_before, metrics_after),
+        "stt": stt_figures(metrics_before, metrics_after) if args.stt != "none" else None,
         "generator_cpu_pct": round(sum(gen_pct), 1),
         "cores": cores,
         "generator_shares_gateway_core": shared,
@@ -483,6 +487,8 @@ def print_step_details(data: dict[str, Any], log_path: Path) -> None:
     """The lines under a step's row (:func:`bench.report.step_detail_lines`)."""
     for line in step_detail_lines(data):
         print(line, flush=True)
+    if data.get("stt"):
+        print(stt_line(data["stt"]), flush=True)
     if data.get("cluster"):
         for line in directory_lines(data["cluster"]):
             print(line, flush=True)
@@ -595,6 +601,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dialect == "twilio":
         args.sip_share = 0.0  # the Twilio dialect alone: every call Twilio-ingress
+        if args.stt != "none":
+            print(
+                "bench: --stt applies to the fonoster apps, not --dialect twilio", file=sys.stderr
+            )
+            return 2
+    if args.caller is None:
+        args.caller = "speech" if args.stt != "none" else "tone"
     if not 0 < args.hold <= 3600 or args.ramp_rate <= 0 or not 1 <= args.workers <= 64:
         print(
             "bench: --hold must be in (0, 3600], --ramp-rate > 0, --workers 1-64", file=sys.stderr

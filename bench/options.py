@@ -116,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
         "time, as an LLM's answers: eSpeak NG synthesises every one)",
     )
     parser.add_argument(
+        "--stt",
+        choices=("none", "local"),
+        default="none",
+        help="the apps' speech.stt: none (the media path alone) or local (the offline "
+        "recogniser transcribes every caller; the step adds its figures, bench/stt_load.py)",
+    )
+    parser.add_argument(
+        "--caller",
+        choices=("tone", "speech"),
+        default=None,
+        help="what the callers send: tone (a 1 s 440 Hz tone every 2 s) or speech (telephone "
+        "sentences with 2 s pauses); the default is speech with --stt local, else tone",
+    )
+    parser.add_argument(
         "--cluster",
         nargs="?",
         const="on",

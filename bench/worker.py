@@ -43,7 +43,7 @@ import resource
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,7 +53,7 @@ from appbridge.net.loop_watch import ENV_VAR, LoopStallWatch, threshold_from_env
 from appbridge.testing import FakeTwilioRest
 from bench.analysis import Caller, CallerFigures, analyse_calls
 from bench.lean_app import LeanApp
-from bench.lean_twilio import LeanTwilio
+from bench.lean_twilio import LeanTwilio, LeanTwilioCall
 from bench.pipecat_app import TwilioDialectApp
 from bench.sip_caller import (
     SIP_CALLER_PREFIX,
@@ -63,6 +63,7 @@ from bench.sip_caller import (
     sip_caller_number,
 )
 from bench.sip_secure import open_endpoint
+from bench.stt_load import CALLER_ENV, drive_speaker, speech_ulaw
 from bench.talker import AppScript, TalkingApp, caller_tone_ulaw, drive_caller
 
 CALLER_TONE_MS = 1000
@@ -121,6 +122,7 @@ class Worker:
         account_sid: str,
         dialect: str = "fonoster",
         speak: str = "repeated",
+        caller: str = "tone",
     ):
         if dialect not in DIALECTS:
             raise ValueError(f"{DIALECT_ENV} must be one of {DIALECTS}, not {dialect!r}")
@@ -146,6 +148,8 @@ class Worker:
         )
         self.placed: list[Placed] = []
         self.tone = caller_tone_ulaw(CALLER_TONE_MS)
+        # --caller speech (bench/stt_load.py): sentences in place of the tone.
+        self.speech = speech_ulaw() if caller == "speech" else None
         self.webhook_client: httpx.AsyncClient | None = None
         self.sip: SipEndpoint | None = None  # when the gateway listens for SIP
         self.sip_share = 0.0
@@ -303,7 +307,7 @@ class Worker:
         if not call.has_stream:
             slot.error = f"webhook {call.webhook_status} {call.twiml_verbs}: {call.stream_error}"
             return
-        slot.driver = asyncio.create_task(drive_caller(call, self.tone, CALLER_PERIOD_S))
+        slot.driver = asyncio.create_task(self._voice(call))
 
     async def _place_sip(self, slot: Placed, to: str) -> None:
         assert self.sip is not None
@@ -316,7 +320,13 @@ class Worker:
             slot.error = str(exc)
             return
         slot.call = call
-        slot.driver = asyncio.create_task(drive_caller(call, self.tone, CALLER_PERIOD_S))
+        slot.driver = asyncio.create_task(self._voice(call))
+
+    def _voice(self, call: SipCaller | LeanTwilioCall) -> Coroutine[Any, Any, None]:
+        """What the caller sends: the tone, or with ``--caller speech`` the sentences."""
+        if self.speech is None:
+            return drive_caller(call, self.tone, CALLER_PERIOD_S)
+        return drive_speaker(call, self.speech, seed=len(self.placed) * 1000 + self.index)
 
     def _sessions_missing(self) -> int:
         scripts = self.talker.scripts
@@ -380,6 +390,7 @@ def worker_from_env(cls: type[W], index: int) -> W:
         account_sid=os.environ["BENCH_ACCOUNT_SID"],
         dialect=os.environ.get(DIALECT_ENV) or "fonoster",
         speak=os.environ.get(SPEAK_ENV) or "repeated",
+        caller=os.environ.get(CALLER_ENV) or "tone",
     )
 
 
