@@ -1,6 +1,6 @@
 """Whisper's input features: 80 log-mel bands of 25 ms Hann windows every 10 ms at 16 kHz.
 
-The front end of the local recogniser (``local_stt.py``; docs/turn-taking.md, "How it works"),
+The front end of the local recogniser (``whisper_engine.py``; docs/turn-taking.md, "How it works"),
 written with numpy so that no audio library is needed: Slaney-style mel filters over 0-8 kHz, the
 power spectrum's log10 clamped 8 decades under its peak and scaled as Whisper was trained.
 """
