@@ -1,6 +1,7 @@
 """Admission control (docs/configuration.md, ``[server]`` "Admission control"): past a configured
-cap of live calls, or while the process uses more than ``server.max_cpu_percent`` of a core, new
-calls are refused cleanly (SIP 503 with Retry-After; Twilio TwiML ``<Reject>``) so the calls already
+cap of live calls, while the process uses more than ``server.max_cpu_percent`` of a core, or
+while the local recogniser is more than ``server.max_stt_lag_s`` behind, new calls are refused
+cleanly (SIP 503 with Retry-After; Twilio TwiML ``<Reject>``) so the calls already
 up keep their quality.
 
 ``CpuLoad`` is sans-I/O: it is fed ``(now, process CPU seconds)`` samples and answers the CPU
@@ -39,12 +40,18 @@ def refusal(
     max_calls: int,
     cpu_percent: float | None,
     max_cpu_percent: float | None,
+    stt_lag_s: float = 0.0,
+    max_stt_lag_s: float | None = None,
 ) -> str | None:
-    """Why a new call must be refused, or None to take it."""
+    """Why a new call must be refused, or None to take it. ``stt_lag_s``: how long the local
+    recogniser's oldest owed final has waited; past ``max_stt_lag_s`` it is too far behind to
+    take another caller (turns would end late for everyone)."""
     if draining:
         return "draining"
     if live_calls >= max_calls:
         return f"at the cap of {max_calls} calls"
     if max_cpu_percent is not None and cpu_percent is not None and cpu_percent >= max_cpu_percent:
         return f"CPU at {cpu_percent:.0f} % (limit {max_cpu_percent:g} %)"
+    if max_stt_lag_s is not None and stt_lag_s >= max_stt_lag_s:
+        return f"speech recognition {stt_lag_s:.1f} s behind (limit {max_stt_lag_s:g} s)"
     return None

@@ -188,15 +188,21 @@ class Gateway:
         log.info("configuration reloaded from %s", config.source)
 
     def admission_refusal(self) -> str | None:
-        """Why a new call must be refused now (draining, the call cap, the CPU limit), or None.
-        Every carrier asks this before it takes a call."""
+        """Why a new call must be refused now (draining, the call cap, the CPU limit, the
+        recogniser's lag), or None. Every carrier asks this before it takes a call."""
         server = self.config.server
+        local = self.stt_providers.get("local")
+        lag_s = 0.0
+        if server.max_stt_lag_s is not None and isinstance(local, LocalSttProvider):
+            lag_s = local.lag_s()
         return refusal(
             draining=self.draining,
             live_calls=len(self.registry),
             max_calls=server.max_calls,
             cpu_percent=self.cpu.percent(),
             max_cpu_percent=server.max_cpu_percent,
+            stt_lag_s=lag_s,
+            max_stt_lag_s=server.max_stt_lag_s,
         )
 
     async def _sample_cpu(self) -> None:

@@ -73,6 +73,7 @@ class ServerConfig:
     max_calls: int = 1000
     max_cpu_percent: float | None = None  # refuse new calls while the process is above this
     tls: TlsFiles | None = None  # the gateway serves HTTPS (and wss) itself
+    max_stt_lag_s: float | None = None  # refuse new calls while the local STT is this far behind
 
     def base_url(self) -> str:
         """The URL carriers use to reach this gateway; routes are appended to it.

@@ -59,6 +59,7 @@ def parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Ser
             "drain_timeout_s",
             "max_calls",
             "max_cpu_percent",
+            "max_stt_lag_s",
             "tls",
         ),
     )
@@ -99,9 +100,24 @@ def parse_server(reader: Reader, data: Mapping[str, Any], base_dir: Path) -> Ser
         if "max_cpu_percent" in table
         else None
     )
+    max_stt_lag_s = (
+        reader.number(
+            table, "max_stt_lag_s", "server.max_stt_lag_s", default=2.0, low=0.1, high=60.0
+        )
+        if "max_stt_lag_s" in table
+        else None
+    )
     tls = _server_tls(reader, table, base_dir)
     return ServerConfig(
-        host, port, public_url, ca_bundle, drain_timeout_s, max_calls, max_cpu_percent, tls
+        host,
+        port,
+        public_url,
+        ca_bundle,
+        drain_timeout_s,
+        max_calls,
+        max_cpu_percent,
+        tls,
+        max_stt_lag_s=max_stt_lag_s,
     )
 
 

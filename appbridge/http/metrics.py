@@ -127,6 +127,11 @@ class GatewayCollector:
             stats.finals_coalesced,
         )
         yield from stats.final_delay.collect()
+        yield _gauge(
+            "appbridge_stt_lag_seconds",
+            "How long the oldest final a live call's local STT owes has waited.",
+            local.lag_s(),
+        )
         engine = local.started_engine
         kinds = ("final", "partial")
         by_kind = {k: engine.decode_stats[k] for k in kinds} if engine is not None else {}

@@ -43,3 +43,26 @@ def test_max_cpu_percent_config() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({**base, "server": {"max_cpu_percent": 150}}, {})
     assert any(p.startswith("server.max_cpu_percent:") for p in err.value.problems)
+
+
+def test_a_recogniser_too_far_behind_refuses_new_calls() -> None:
+    base = dict(live_calls=1, max_calls=10, cpu_percent=None, max_cpu_percent=None)
+    lagging = {**base, "stt_lag_s": 2.5, "max_stt_lag_s": 2.0}
+    assert refusal(draining=False, **lagging) == (  # type: ignore[arg-type]
+        "speech recognition 2.5 s behind (limit 2 s)"
+    )
+    assert refusal(draining=False, **{**lagging, "stt_lag_s": 1.9}) is None  # type: ignore[arg-type]
+    assert refusal(draining=False, **{**lagging, "max_stt_lag_s": None}) is None  # type: ignore[arg-type]
+
+
+def test_max_stt_lag_s_config() -> None:
+    base = {
+        "apps": [{"ref": "a", "url": "ws://127.0.0.1:9/x"}],
+        "numbers": [{"number": "*", "app": "a"}],
+    }
+    assert parse_config(base, {}).server.max_stt_lag_s is None
+    assert parse_config({**base, "server": {"max_stt_lag_s": 1.5}}, {}).server.max_stt_lag_s == 1.5
+    for bad in (0, 61, "soon"):
+        with pytest.raises(ConfigError) as err:
+            parse_config({**base, "server": {"max_stt_lag_s": bad}}, {})
+        assert any(p.startswith("server.max_stt_lag_s:") for p in err.value.problems)

@@ -372,6 +372,61 @@ async def test_each_final_is_timed_from_its_close_to_its_delivery() -> None:
     assert delay_samples(stats)["count"] == 7
 
 
+async def test_the_lag_is_how_long_the_oldest_owed_final_has_waited() -> None:
+    engine, seg, clock = FakeEngine(), ScriptedSegmenter(), SteppedLoop()
+    stream = LocalSttStream(engine, cast(Any, clock), "en-US", 16000, [], seg)
+    assert stream.owed_for_s() == 0.0
+    seg.next = [utterance(0, False)]
+    stream.feed(b"")
+    assert stream.owed_for_s() == 0.0  # a partial is never owed
+    seg.next = [utterance(0, True)]
+    clock.now = 101.0
+    stream.feed(b"")
+    seg.next = [utterance(1, True)]
+    clock.now = 102.0
+    stream.feed(b"")
+    clock.now = 103.5
+    assert stream.owed_for_s() == pytest.approx(2.5)  # the first final, closed at 101.0
+    for n in range(3):  # the partial in flight, then the two finals
+        engine.jobs[n][1].set_result(Recognition("words", 0.9))
+        await settle()
+    assert stream.owed_for_s() == pytest.approx(2.5)  # decoded but not yet handed over
+    results = stream.results()
+    await anext(results)
+    assert stream.owed_for_s() == pytest.approx(1.5)  # now the second one's
+    await anext(results)
+    assert stream.owed_for_s() == 0.0
+    seg.next = [utterance(2, True)]
+    stream.feed(b"")
+    clock.now = 110.0
+    await stream.aclose()
+    assert stream.owed_for_s() == 0.0  # a closed stream owes nothing
+
+
+async def test_the_provider_lags_by_its_furthest_behind_stream() -> None:
+    engine = FakeEngine()
+    engine.available = True
+    engine.preload = lambda: None  # type: ignore[method-assign]
+    provider = LocalSttProvider(engine=cast(Any, engine))
+    assert provider.lag_s() == 0.0
+    first = await provider.open_stream("en-US", 16000, [])
+    second = await provider.open_stream("en-US", 16000, [])
+    clock, seg = SteppedLoop(), ScriptedSegmenter()
+    for stream in (first, second):  # the test's clock and utterances
+        stream._loop, stream._segmenter = cast(Any, clock), seg
+    seg.next = [utterance(0, True)]
+    first.feed(b"")
+    clock.now = 101.0
+    seg.next = [utterance(0, True)]
+    second.feed(b"")
+    clock.now = 103.0
+    assert provider.lag_s() == pytest.approx(3.0)
+    await first.aclose()
+    assert provider.lag_s() == pytest.approx(2.0)
+    await second.aclose()
+    assert provider.lag_s() == 0.0
+
+
 async def test_decoder_failure_is_provider_unavailable_and_close_ignores_late_result() -> None:
     engine = FakeEngine()
     seg = ScriptedSegmenter()

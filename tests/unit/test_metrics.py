@@ -49,6 +49,7 @@ FAMILIES = {
     "appbridge_stt_partials_dropped": "counter",
     "appbridge_stt_finals_coalesced": "counter",
     "appbridge_stt_final_delay_seconds": "histogram",
+    "appbridge_stt_lag_seconds": "gauge",
     "appbridge_stt_decodes": "counter",
     "appbridge_stt_decoded_audio_seconds": "counter",
     "appbridge_stt_decode_seconds": "counter",

@@ -28,6 +28,7 @@ provider's streams share one :class:`SttStats`, which ``/metrics`` reads with th
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Future
@@ -128,6 +129,13 @@ class LocalSttStream:
         decoding, or decoded and queued. Counted down as each is yielded, so a consumer that
         reads this after handling a final never sees it owed and missing at once."""
         return 0 if self._closed or self._failed else self._owed
+
+    def owed_for_s(self) -> float:
+        """How long the oldest final still owed has waited since its utterance closed; 0 when
+        none is owed. Admission control reads it (docs/configuration.md, "Admission control")."""
+        if self._closed or self._failed or not self._owed_since:
+            return 0.0
+        return max(0.0, self._loop.time() - self._owed_since[0])
 
     def feed(self, pcm16: bytes) -> None:
         """Caller audio at the stream's rate; returns at once (decoding is on the pool)."""
@@ -265,6 +273,12 @@ class LocalSttProvider:
         # backchannels (docs/turn-taking.md, "Barge-in").
         self._early_partials_ms = early_partials_ms
         self.stats = SttStats()
+        self._streams: weakref.WeakSet[LocalSttStream] = weakref.WeakSet()
+
+    def lag_s(self) -> float:
+        """How far behind the recogniser is: the longest any live stream's oldest owed final
+        has waited (0 when nothing is owed). One pass over the streams; read per call offer."""
+        return max((stream.owed_for_s() for stream in self._streams), default=0.0)
 
     @property
     def started_engine(self) -> WhisperEngine | None:
@@ -316,4 +330,6 @@ class LocalSttProvider:
             early_partials_ms=self._early_partials_ms,
         )
         loop = asyncio.get_running_loop()
-        return LocalSttStream(engine, loop, tag, rate_hz, hint_ids, segmenter, stats=self.stats)
+        stream = LocalSttStream(engine, loop, tag, rate_hz, hint_ids, segmenter, stats=self.stats)
+        self._streams.add(stream)
+        return stream
