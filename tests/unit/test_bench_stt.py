@@ -4,27 +4,17 @@ configuration, and the recogniser's figures read from two ``/metrics`` scrapes."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from appbridge.config import default_config, load_config
+from appbridge.config import load_config
 from appbridge.gateway import Gateway
 from appbridge.http.metrics import render_metrics
 from appbridge.speech.providers.local_stt import LocalSttProvider, WhisperEngine
 from bench.gateway_proc import GatewaySpec, render_config
 from bench.options import build_parser
 from bench.stt_load import GAP_S, drive_speaker, stt_figures, stt_line
-
-
-@pytest.fixture
-async def gw() -> AsyncIterator[Gateway]:
-    gateway = Gateway(default_config(port=8080, sip_port=None))
-    try:
-        yield gateway
-    finally:
-        await gateway.http.aclose()
 
 
 class Caller:

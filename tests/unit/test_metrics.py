@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import types
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -13,7 +12,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from appbridge.carriers.sip.srtp import DROPS
-from appbridge.config import default_config
 from appbridge.gateway import Gateway
 from appbridge.http.app import build_app
 from appbridge.http.metrics import node_id, render_metrics
@@ -56,15 +54,6 @@ FAMILIES = {
     "appbridge_stt_decode_backlog": "gauge",
     "appbridge_stt_decode_workers": "gauge",
 }
-
-
-@pytest.fixture
-async def gw() -> AsyncIterator[Gateway]:
-    gateway = Gateway(default_config(port=8080, sip_port=None))
-    try:
-        yield gateway
-    finally:
-        await gateway.http.aclose()
 
 
 def families(text: str) -> dict[str, Any]:
