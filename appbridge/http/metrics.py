@@ -99,8 +99,7 @@ class GatewayCollector:
         yield family
         owed = 0
         for call in gw.registry:
-            ears = getattr(call, "ears", None)
-            stream = None if ears is None else ears.stream
+            stream = None if call.ears is None else call.ears.stream
             if stream is not None:
                 owed += stream.finals_owed
         yield _gauge(
