@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 
 from appbridge.calls.listening import TURN_OUTCOMES
 from appbridge.testing.audio import ulaw_encode
-from bench.report import histogram_delta, parse_histogram, parse_metric
+from bench.report import bound_cell, histogram_delta, number_cell, parse_histogram, parse_metric
 from bench.speech_corpus import sentence_clips
 
 __all__ = ["CALLER_ENV", "GAP_S", "drive_speaker", "speech_ulaw", "stt_figures", "stt_line"]
@@ -96,21 +96,15 @@ def stt_figures(before: str, after: str) -> dict[str, Any]:
     }
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if value == float("inf") else f"{value:g}"
-
-
 def stt_line(figures: dict[str, Any]) -> str:
     """One line under the step's row: the recogniser's figures (bucket bounds for the delay)."""
     delay = figures["final_delay_s"]
     turns = figures["turns"]
     final, partial = figures["decodes"]["final"], figures["decodes"]["partial"]
+    bounds = "/".join(bound_cell(delay[k]) for k in ("p50_le", "p95_le", "max_le"))
     return (
         f"  local STT ({figures['workers']:.0f} worker(s)): {figures['finals']} finals, delay "
-        f"mean {_seconds(delay['mean'])} s, p50/p95/max <= {_seconds(delay['p50_le'])}/"
-        f"{_seconds(delay['p95_le'])}/{_seconds(delay['max_le'])} s; turns started "
+        f"mean {number_cell(delay['mean'], 3)} s, p50/p95/max {bounds} s; turns started "
         f"{turns['started']:.0f}, ended {turns['ended']:.0f}, without their final "
         f"{turns['ended_without_final']:.0f}, abandoned {turns['abandoned']:.0f}, backchannels "
         f"{turns['backchannel']:.0f}; real-time factor finals {final['real_time_factor']} "

@@ -80,5 +80,5 @@ async def test_the_recognisers_figures_over_a_window(gw: Gateway) -> None:
     assert figures["decodes"]["partial"]["real_time_factor"] is None  # none ran
     assert figures["partials_dropped"] == 3 and figures["workers"] == 1
     line = stt_line(figures)
-    assert "4 finals" in line and "p50/p95/max <= 0.5/5/5 s" in line
+    assert "4 finals" in line and "mean 1.000 s, p50/p95/max ≤0.5/≤5/≤5 s" in line
     assert "without their final 1" in line
