@@ -87,6 +87,12 @@ class Whole:
     def sessions(self) -> list[int]:
         return [len(m.app.sessions) for m in self.members]
 
+    def logs(self) -> str:
+        """The tail of every node's log and of Kamailio's, for a failure's message."""
+        tails = [f"--- {m.node.node_id}\n{m.node.log.read_text()[-2000:]}" for m in self.members]
+        kamailio = self.kam.kamailio_log.read_text(errors="replace")[-2000:]
+        return "\n".join([*tails, f"--- kamailio\n{kamailio}"])
+
     def holder(self, before: list[int]) -> Member:
         """The one member whose app got a session since ``before``."""
         grown = [m for m, b in zip(self.members, before, strict=True) if len(m.app.sessions) > b]
@@ -217,7 +223,10 @@ async def test_a_draining_node_keeps_its_call_listed_gets_no_new_one_and_exits_0
         long_call = await sipp_calls(
             kam, "uac_proxy_call.xml", 1, 1, tag="long", pcap=PCAP, pause_ms="4000"
         )
-        await until(lambda: sum(whole.sessions()) > sum(before), 10, "the long call's session")
+        try:
+            await until(lambda: sum(whole.sessions()) > sum(before), 10, "the long call's session")
+        except AssertionError:
+            pytest.fail("the long call reached no app:\n" + whole.logs())
         a = whole.holder(before)
         session = a.app.sessions[-1]
         ref = (await session.wait_for("session.start", timeout=5))["callRef"]
@@ -251,7 +260,7 @@ async def test_a_draining_node_keeps_its_call_listed_gets_no_new_one_and_exits_0
         try:
             rc = await asyncio.to_thread(a.node.proc.wait, 15)
         except subprocess.TimeoutExpired:
-            pytest.fail("A did not exit after its drain:\n" + a.node.log.read_text()[-4000:])
+            pytest.fail(f"{a.node.node_id} did not exit after its drain:\n" + whole.logs())
         assert rc == 0
         for other in others:
             await until(lambda o=other: _absent_on(o, ref), 10, "A's call gone from the lists")
