@@ -114,8 +114,8 @@ class LocalSttStream:
         self._closed = False
         self._failed = False
         self._queue: asyncio.Queue[Transcript | SpeechError | None] = asyncio.Queue()
-        self._owed = 0  # finals asked for and not yet yielded by results()
-        self._owed_since: deque[float] = deque()  # when each owed final's utterance closed
+        # When each final not yet yielded by results() had its utterance closed, oldest first.
+        self._owed_since: deque[float] = deque()
         # The provider's counters, shared by its streams (/metrics reads them).
         self.stats = SttStats() if stats is None else stats
 
@@ -128,7 +128,7 @@ class LocalSttStream:
         """Closed utterances whose final ``results()`` has not yet yielded: waiting, in
         decoding, or decoded and queued. Counted down as each is yielded, so a consumer that
         reads this after handling a final never sees it owed and missing at once."""
-        return 0 if self._closed or self._failed else self._owed
+        return 0 if self._closed or self._failed else len(self._owed_since)
 
     def owed_for_s(self) -> float:
         """How long the oldest final still owed has waited since its utterance closed; 0 when
@@ -158,11 +158,9 @@ class LocalSttStream:
                 return
             if isinstance(item, SpeechError):
                 raise item
-            if item.is_final:
-                self._owed -= 1
-                if self._owed_since:
-                    closed_at = self._owed_since.popleft()
-                    self.stats.final_delay.observe(self._loop.time() - closed_at)
+            if item.is_final and self._owed_since:
+                closed_at = self._owed_since.popleft()
+                self.stats.final_delay.observe(self._loop.time() - closed_at)
             yield item
 
     async def aclose(self) -> None:
@@ -186,7 +184,6 @@ class LocalSttStream:
                 )
                 self.stats.finals_coalesced += 1
             else:
-                self._owed += 1
                 self._owed_since.append(self._loop.time())
             self._finals.append(utterance)
             return
