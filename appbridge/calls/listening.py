@@ -180,9 +180,8 @@ class Ears:
         if isinstance(ev, UserStarted):
             outcome = "started"
         elif isinstance(ev, Ended):
-            outcome = "abandoned" if ev.abandoned else "ended"
-            if ev.without_final and not ev.abandoned:
-                outcome = "ended_without_final"
+            missing = "ended_without_final" if ev.without_final else "ended"
+            outcome = "abandoned" if ev.abandoned else missing
         elif isinstance(ev, Backchannel):
             outcome = "backchannel"
         else:
