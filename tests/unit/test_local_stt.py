@@ -526,3 +526,17 @@ async def test_noise_gives_an_empty_final() -> None:
     got = await collect(stream, silence(300) + burst + silence(800), 8000)
     finals = [t for t in got if t.is_final]
     assert all(not t.text for t in finals), [t.text for t in finals]
+
+
+@needs_model
+def test_encode_gives_one_row_per_20_ms_of_its_window() -> None:
+    engine = shared_whisper_engine()
+    up = Converter(AudioFormat("pcm16", 8000), AudioFormat("pcm16", 16000))
+    speech = up.convert(silence(200) + telephone_speech("Can I change my order?"))
+    rows = engine.encode(speech)
+    window_frames = len(speech) // 2 // 160 + 100  # the audio + 1 s of 10 ms mel frames
+    assert rows.shape == ((window_frames + 1) // 2, 384)  # the encoder strides by 2
+    assert np.isfinite(rows).all()
+    assert np.array_equal(rows, engine.encode(speech))  # the same sound, the same rows
+    quiet = engine.encode(bytes(len(speech)))
+    assert quiet.shape == rows.shape and not np.allclose(quiet, rows, atol=0.1)

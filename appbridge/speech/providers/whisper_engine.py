@@ -169,6 +169,20 @@ class WhisperEngine:
             self._waiting += 1
         return self._pool.submit(self._recognise, pcm16, tuple(hint_ids), final)
 
+    def encode(self, pcm16: bytes) -> npt.NDArray[np.float32]:
+        """The encoder's output for ``pcm16`` (16 kHz) on a window of its audio + 1 s: one row
+        of ``d_model`` values per 20 ms. Synchronous, for bench/onset_probe.py, which asks
+        whether the first words' sound alone tells a sentence from an acknowledgment
+        (docs/turn-taking.md, "Barge-in")."""
+        import ctranslate2
+
+        self._load()
+        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        features = log_mel(audio, min(MAX_FRAMES, len(audio) // HOP + _QUICK_MIN_FRAMES))
+        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
+        out: npt.NDArray[np.float32] = np.array(self._model.encode(view, to_cpu=True))[0]
+        return out
+
     def _load(self) -> None:
         with self._lock:
             if self._model is not None:
