@@ -24,6 +24,7 @@ asserts, and nothing of it runs in the gateway: it prints a table (about 30 minu
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,8 @@ import numpy.typing as npt
 from appbridge.media.codecs import AudioFormat, Converter
 from appbridge.speech.providers.local_stt import shared_whisper_engine
 from appbridge.turn.vad import Vad
-from bench.onset_corpus import RECORDED, Sample, espeak_samples, recorded_samples
+from bench.bargein import percentile
+from bench.onset_corpus import RECORDED, espeak_samples, recorded_samples
 from bench.speech_corpus import (
     Clip,
     asterisk_clips,
@@ -158,8 +160,8 @@ def clips(items: list[Clip], label: int, voice: str) -> Features:
 
 def row(name: str, sentences: list[int | None], acks: list[int | None], cost_ms: float) -> str:
     latency = sorted(CONFIRM_MS if d is None else d + cost_ms for d in sentences)
-    p50 = latency[round(0.5 * (len(latency) - 1))] if latency else float("nan")
-    p95 = latency[round(0.95 * (len(latency) - 1))] if latency else float("nan")
+    p50 = percentile(latency, 0.5) if latency else float("nan")
+    p95 = percentile(latency, 0.95) if latency else float("nan")
     by_cut = "/".join(str(sum(d == c for d in sentences)) for c in CUTS)
     early = sum(d is not None for d in acks)
     return (
@@ -171,12 +173,9 @@ def row(name: str, sentences: list[int | None], acks: list[int | None], cost_ms:
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     data = Features()
-    for sample in espeak_samples():
+    samples = itertools.chain(espeak_samples(), *(recorded_samples(v) for v in RECORDED))
+    for sample in samples:
         data.add(sample.pcm16, sample.label, sample.voice, sample.text)
-    for voice in RECORDED:
-        s: Sample
-        for s in recorded_samples(voice):
-            data.add(s.pcm16, s.label, s.voice, s.text)
     cost_ms = 1000 * float(np.mean(data.encode_s))
     print(f"{len(data.labels)} training clips; an encode takes {cost_ms:.0f} ms on average")
     print("| tested on | sentences announced at 240/340/440 ms | p50 / p95 ms | acks announced |")
