@@ -37,6 +37,7 @@ from appbridge.turn.vad import Vad
 from bench.bargein import percentile
 from bench.onset_corpus import RECORDED, espeak_samples, recorded_samples
 from bench.speech_corpus import (
+    ASTERISK_ACKNOWLEDGMENTS,
     Clip,
     asterisk_clips,
     backchannel_clips,
@@ -205,14 +206,15 @@ def main() -> None:
             cost_ms,
         )
     )
-    print(
-        row(
-            "human prompts (no acks recorded)",
-            decisions(models, clips(asterisk_clips(), 1, "")),
-            [],
-            cost_ms,
-        )
-    )
+    human = clips(asterisk_clips(), 1, "")
+    passed = decisions(models, human)
+    print(row("human prompts; the digit oh", passed, decisions(models, human_acks()), cost_ms))
+    late = [n for n, d in zip(human.names, passed, strict=True) if d is None]
+    print("human prompts not passed by 440 ms:", ", ".join(late))
+
+
+def human_acks() -> Features:
+    return clips(asterisk_clips(ASTERISK_ACKNOWLEDGMENTS), 0, "")
 
 
 if __name__ == "__main__":

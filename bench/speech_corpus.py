@@ -30,6 +30,7 @@ from appbridge.testing.spoken import espeak
 from appbridge.testing.wer import word_error_rate
 
 __all__ = [
+    "ASTERISK_ACKNOWLEDGMENTS",
     "ASTERISK_PROMPTS",
     "BACKCHANNELS",
     "SENTENCES",
@@ -200,10 +201,14 @@ def _said(command: VoiceCommand, text: str) -> bytes:
     return telephone(pcm, rate)
 
 
-def asterisk_clips() -> list[Clip]:
+#: The one acknowledgment-like word among those prompts: the digit "oh" (stem -> what is said).
+ASTERISK_ACKNOWLEDGMENTS: Final[dict[str, str]] = {"digits/oh": "oh"}
+
+
+def asterisk_clips(prompts: dict[str, str] = ASTERISK_PROMPTS) -> list[Clip]:
     """The human prompts, empty when asterisk-core-sounds-en-wav is not installed."""
     clips = []
-    for stem, text in ASTERISK_PROMPTS.items():
+    for stem, text in prompts.items():
         path = _SOUNDS / f"{stem}.wav"
         if not path.is_file():
             continue
