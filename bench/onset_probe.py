@@ -15,8 +15,9 @@ turn: the model learns from eSpeak's variant voices and the other recorded voice
 threshold is the score that 0.5 % of the acknowledgments of the voices it learned from pass
 (scored by models that had not seen their voice), and the held-out voice's sentences and
 acknowledgments are scored. A model that learned from every voice then scores the eSpeak clips
-bench/bargein.py plays (two voices none of the variants is) and the human prompts. Nothing here
-asserts, and nothing of it runs in the gateway: it prints a table (about 30 minutes on one core).
+bench/bargein.py plays (two voices none of the variants is), the human prompts, and the digit
+"oh" of the same recordings as a human acknowledgment. Nothing here asserts, and nothing of it
+runs in the gateway: it prints a table (about 30 minutes on one core).
 
     python -m bench.onset_probe
 """
