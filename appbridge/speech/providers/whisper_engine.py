@@ -177,8 +177,7 @@ class WhisperEngine:
         import ctranslate2
 
         self._load()
-        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
-        features = log_mel(audio, min(MAX_FRAMES, len(audio) // HOP + _QUICK_MIN_FRAMES))
+        features, _ = _window(pcm16, _QUICK_MIN_FRAMES)
         view = ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None]))
         out: npt.NDArray[np.float32] = np.array(self._model.encode(view, to_cpu=True))[0]
         return out
@@ -228,11 +227,7 @@ class WhisperEngine:
             self._waiting -= 1
         self._load()
         started = time.perf_counter()
-        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
-        duration_s = len(audio) / MODEL_RATE_HZ
-        min_frames = self._min_frames if final else _QUICK_MIN_FRAMES
-        n_frames = min(MAX_FRAMES, max(min_frames, len(audio) // HOP + 100))
-        features = log_mel(audio, n_frames)
+        features, duration_s = _window(pcm16, self._min_frames if final else _QUICK_MIN_FRAMES)
         beam = self.beam_size if final else 1
         recognition = self._decode(features, hint_ids, beam, duration_s)
         if (
@@ -292,6 +287,14 @@ class WhisperEngine:
             text = ""
         text = " ".join(_ANNOTATION_RE.sub(" ", text).split())
         return Recognition(text, min(1.0, math.exp(min(0.0, avg_logprob))) if text else 0.0)
+
+
+def _window(pcm16: bytes, min_frames: int) -> tuple[npt.NDArray[np.float32], float]:
+    """The log-mel frames of ``pcm16`` (16 kHz) on a window of its audio + 1 s, at least
+    ``min_frames`` and at most Whisper's 30 s, and the audio's duration in seconds."""
+    audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+    n_frames = min(MAX_FRAMES, max(min_frames, len(audio) // HOP + 100))
+    return log_mel(audio, n_frames), len(audio) / MODEL_RATE_HZ
 
 
 _shared_engine: WhisperEngine | None = None
